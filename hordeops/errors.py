@@ -1,0 +1,117 @@
+"""Domain errors: each has a stable code and an HTTP status.
+
+Services raise these; each API family maps them to its own error shape in one place
+(`hordeops.api` for the horde routes).
+"""
+
+
+class DomainError(Exception):
+    code = "BadRequest"
+    status = 400
+    default_message = "The request could not be processed."
+
+    def __init__(self, message: str | None = None) -> None:
+        self.message = message or self.default_message
+        super().__init__(self.message)
+
+
+class BadRequest(DomainError):
+    code = "BadRequest"
+
+
+class NulByteInPayload(DomainError):
+    code = "NulByteInPayload"
+    default_message = "The payload contains a NUL byte, which is not accepted."
+
+
+class InvalidJSON(DomainError):
+    code = "InvalidJSON"
+    default_message = "The body is not valid JSON in UTF-8."
+
+
+class PayloadTooLarge(DomainError):
+    code = "PayloadTooLarge"
+    status = 413
+    default_message = "The body is larger than 1 MiB."
+
+
+class InvalidAPIKey(DomainError):
+    code = "InvalidAPIKey"
+    status = 401
+    default_message = "No user matching sent API Key. Have you remembered to register?"
+
+
+class WrongCredentials(DomainError):
+    code = "WrongCredentials"
+    status = 403
+    default_message = "Wrong credentials to submit as this worker."
+
+
+class AnonForbiddenWorker(DomainError):
+    code = "AnonForbiddenWorker"
+    status = 403
+    default_message = "Anonymous is not allowed to own workers."
+
+
+class WorkerMaintenance(DomainError):
+    code = "WorkerMaintenance"
+    status = 403
+    default_message = "This worker has been put into maintenance mode by its owner."
+
+
+class UnknownModel(DomainError):
+    code = "UnknownModel"
+    default_message = "No worker serves any of the requested models."
+
+
+class TokenOverflow(DomainError):
+    code = "TokenOverflow"
+    default_message = "max_context_length must be at least max_length."
+
+
+class MissingPrompt(DomainError):
+    code = "MissingPrompt"
+    default_message = "The prompt cannot be empty."
+
+
+class WorkerNotFound(DomainError):
+    code = "WorkerNotFound"
+    status = 404
+    default_message = "No worker with that id."
+
+
+class RequestNotFound(DomainError):
+    code = "RequestNotFound"
+    status = 404
+    default_message = "Request not found."
+
+
+class InvalidJobID(DomainError):
+    code = "InvalidJobID"
+    status = 404
+    default_message = "Processing Generation with this ID was not found."
+
+
+class DuplicateGen(DomainError):
+    code = "DuplicateGen"
+    default_message = "This generation has already been submitted."
+
+
+class AbortedGen(DomainError):
+    code = "AbortedGen"
+    default_message = "This generation took too long to process and has been aborted."
+
+
+class GenerationCancelled(DomainError):
+    code = "GenerationCancelled"
+    status = 409
+    default_message = (
+        "This generation was cancelled by its requester or its deadline. "
+        "It does not count against the worker."
+    )
+
+
+class ServiceUnavailable(DomainError):
+    code = "ServiceUnavailable"
+    status = 503
+    default_message = "The horde cannot reach its database or Redis right now."

@@ -1,0 +1,218 @@
+"""Settings for hordeops, every one read from an environment variable.
+
+The names and defaults of the horde's own rules are fixed by CONTRACT.md section 3.
+Nothing outside this module reads the environment.
+"""
+
+import logging
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from celery.schedules import schedule
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+logger = logging.getLogger("hordeops.settings")
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer") from None
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false")
+
+
+def env_deadline_max_ms(name: str, default: int) -> int | None:
+    """Return the largest accepted deadline, or None when deadlines are disabled.
+
+    Seed 003: an empty value uses the default; a malformed one disables deadlines and
+    logs one warning that does not contain the value.
+    """
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    logger.warning("%s is malformed; generation deadlines are disabled", name)
+    return None
+
+
+def database_from_url(url: str) -> dict:
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")) or "hordeops",
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(parts.port or 5432),
+        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {"connect_timeout": 5},
+        "TEST": {"NAME": env_str("TEST_DATABASE_NAME", "test_hordeops")},
+    }
+
+
+# --- The horde's rules (CONTRACT.md section 3) ---------------------------------------
+TEXT_JOB_LEASE_SECONDS = env_int("TEXT_JOB_LEASE_SECONDS", 150)
+TEXT_JOB_PREPARATION_SECONDS = env_int("TEXT_JOB_PREPARATION_SECONDS", 30)
+TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS = env_int("TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS", 600)
+UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS = env_int("UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS", 200)
+UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND = env_int("UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND", 10)
+STALE_GENERATION_PASS_SECONDS = env_int("STALE_GENERATION_PASS_SECONDS", 60)
+WORKER_ONLINE_SECONDS = env_int("WORKER_ONLINE_SECONDS", 300)
+WORKER_ABORT_MAINTENANCE_THRESHOLD = env_int("WORKER_ABORT_MAINTENANCE_THRESHOLD", 20)
+TEXT_REQUEST_LIFETIME_SECONDS = env_int("TEXT_REQUEST_LIFETIME_SECONDS", 1200)
+TEXT_REQUEST_MAX_RESTARTS = env_int("TEXT_REQUEST_MAX_RESTARTS", 3)
+GENERATION_DEADLINE_MAX_MS = env_deadline_max_ms("GENERATION_DEADLINE_MAX_MS", 300000)
+INTERNAL_HOP_SECRET = env_str("INTERNAL_HOP_SECRET", "")
+DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# --- Django ----------------------------------------------------------------------------
+SECRET_KEY = env_str("SECRET_KEY", "hordeops-development-key-change-me-in-production")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_str("ALLOWED_HOSTS", "*").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "django_prometheus",
+    "workers",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "hordeops.api.BodyLimitMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "hordeops.urls"
+ASGI_APPLICATION = "hordeops.asgi.application"
+WSGI_APPLICATION = "hordeops.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "OPTIONS": {
+            "SOCKET_CONNECT_TIMEOUT": 2,
+            "SOCKET_TIMEOUT": 2,
+        },
+    }
+}
+
+# Bodies over 1 MiB are refused with 413 (CONTRACT.md section 11).
+MAX_REQUEST_BODY_BYTES = 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_PARSER_CLASSES": ["hordeops.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "hordeops.api.horde_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "hordeops",
+    "DESCRIPTION": "A broker for crowdsourced text generation in the shape of the AI Horde.",
+    "VERSION": "2.5.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "APPEND_COMPONENTS": {
+        "securitySchemes": {"apikey": {"type": "apiKey", "in": "header", "name": "apikey"}}
+    },
+    "SECURITY": [{"apikey": []}],
+}
+
+# --- Celery (Redis broker, one beat) ----------------------------------------------------
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "every-pass-abort-stale-generations": {
+        "task": "jobs.tasks.abort_stale_generations_task",
+        "schedule": schedule(STALE_GENERATION_PASS_SECONDS),
+        # A pass missed while workers were down is not worth running late: the next
+        # one covers it.
+        "options": {"expires": STALE_GENERATION_PASS_SECONDS},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

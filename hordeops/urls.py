@@ -1,0 +1,20 @@
+from django.contrib import admin
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView
+
+from hordeops import api
+from hordeops.views import HeartbeatView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v2/", include("jobs.urls")),
+    path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # A status id that is not a UUID is an unknown request, in the horde's shape.
+    re_path(r"^api/v2/generate/text/status/(?P<raw>[^/]*)$", api.request_not_found),
+    path("", include("django_prometheus.urls")),
+]
+
+handler400 = api.bad_request
+handler404 = api.not_found
+handler500 = api.server_error

@@ -1,0 +1,201 @@
+import uuid
+from datetime import datetime, timedelta
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import F, Func, Q
+from django.utils import timezone
+
+from workers.models import Account, Worker
+
+
+class SecondsAfter(Func):
+    """`timestamp + interval '1 second' * seconds`, evaluated in PostgreSQL."""
+
+    template = "(%(expressions)s)"
+    arg_joiner = " + interval '1 second' * "
+    output_field = models.DateTimeField()
+
+
+class TextRequestQuerySet(models.QuerySet["TextRequest"]):
+    def queued(self) -> "TextRequestQuerySet":
+        """Requests with work still to hand out; matches the `request_pop_queue` index."""
+        return self.filter(state=TextRequest.State.ACTIVE, queued__gt=0)
+
+    def poppable_for(self, worker: Worker, *, trusted: bool, now: datetime) -> "TextRequestQuerySet":
+        """The queue as this worker may take from it, best first."""
+        qs = self.queued().filter(
+            expires_at__gt=now,
+            max_length__lte=worker.max_length,
+            max_context_length__lte=worker.max_context_length,
+        )
+        qs = qs.filter(Q(requested_models=[]) | Q(requested_models__overlap=worker.served_models))
+        qs = qs.filter(Q(allowed_workers=[]) | Q(allowed_workers__contains=[worker.id]))
+        if not trusted:
+            qs = qs.filter(trusted_workers=False)
+        if worker.maintenance:
+            # A worker in maintenance still serves its own owner, as on the AI Horde.
+            qs = qs.filter(account_id=worker.account_id)
+        if not worker.chat:
+            qs = qs.filter(kind=TextRequest.Kind.TEXT)
+        return qs.order_by("-priority", "created_at")
+
+    def ahead_of(self, request: "TextRequest") -> "TextRequestQuerySet":
+        return self.queued().filter(
+            Q(priority__gt=request.priority) | Q(priority=request.priority, created_at__lt=request.created_at)
+        )
+
+    def lapsed(self, now: datetime) -> "TextRequestQuerySet":
+        return self.filter(state=TextRequest.State.ACTIVE, expires_at__lte=now)
+
+
+class TextRequest(models.Model):
+    """A requester's text or chat request: `n` generations wanted of one prompt."""
+
+    class Kind(models.TextChoices):
+        TEXT = "text", "Text"
+        CHAT = "chat", "Chat"
+
+    class State(models.TextChoices):
+        ACTIVE = "active", "Active"
+        DONE = "done", "Done"
+        FAULTED = "faulted", "Faulted"
+        CANCELLED = "cancelled", "Cancelled"
+        EXPIRED = "expired", "Expired"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="requests")
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TEXT)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    prompt = models.TextField()
+    messages = models.JSONField(null=True, blank=True)
+    params = models.JSONField(default=dict, blank=True)
+    max_length = models.PositiveIntegerField(default=80)
+    max_context_length = models.PositiveIntegerField(default=2048)
+    requested_models = ArrayField(models.CharField(max_length=255), default=list, blank=True)
+    allowed_workers = ArrayField(models.UUIDField(), default=list, blank=True)
+    trusted_workers = models.BooleanField(default=False)
+    slow_workers = models.BooleanField(default=True)
+    priority = models.IntegerField(default=0)
+    n = models.PositiveSmallIntegerField(default=1)
+    queued = models.PositiveSmallIntegerField(default=1)
+    finished = models.PositiveSmallIntegerField(default=0)
+    restarts = models.PositiveSmallIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    objects = TextRequestQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("-created_at",)
+        indexes = [
+            # The pop's filter and order: only requests with work to hand out.
+            models.Index(
+                F("priority").desc(),
+                F("created_at").asc(),
+                name="request_pop_queue",
+                condition=Q(state="active", queued__gt=0),
+            ),
+            models.Index(fields=["expires_at"], name="request_active_expiry", condition=Q(state="active")),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(n__gte=1) & Q(n__lte=20), name="request_n_1_20"),
+            models.CheckConstraint(condition=Q(queued__lte=F("n")), name="request_queued_within_n"),
+            models.CheckConstraint(condition=Q(finished__lte=F("n")), name="request_finished_within_n"),
+            models.CheckConstraint(
+                condition=Q(queued=0) | Q(state="active"), name="request_only_active_is_queued"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+    @property
+    def is_done(self) -> bool:
+        return self.state != self.State.ACTIVE
+
+
+class GenerationQuerySet(models.QuerySet["Generation"]):
+    def processing(self) -> "GenerationQuerySet":
+        return self.filter(state=Generation.State.PROCESSING)
+
+    def stale(self, now: datetime) -> "GenerationQuerySet":
+        """Processing generations whose lease (pop + job_ttl) ended before `now`."""
+        return (
+            self.processing()
+            .alias(lease_end=SecondsAfter(F("popped_at"), F("job_ttl")))
+            .filter(lease_end__lt=now)
+        )
+
+
+class Generation(models.Model):
+    """One job handed to one worker: the lease lives here and in the worker's hands."""
+
+    class State(models.TextChoices):
+        PROCESSING = "processing", "Processing"
+        DONE = "done", "Done"
+        ABORTED = "aborted", "Aborted (stale)"
+        FAULTED = "faulted", "Faulted (given back)"
+        CANCELLED = "cancelled", "Cancelled"
+
+    class Result(models.TextChoices):
+        OK = "ok", "OK"
+        CENSORED = "censored", "Censored"
+        CSAM = "csam", "CSAM"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    request = models.ForeignKey(TextRequest, on_delete=models.CASCADE, related_name="generations")
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="generations")
+    model = models.CharField(max_length=255, blank=True, default="")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PROCESSING)
+    popped_at = models.DateTimeField(default=timezone.now)
+    # Seconds from the pop to the end of the lease: the record the stale pass reads.
+    job_ttl = models.PositiveIntegerField()
+    cap_seconds = models.PositiveIntegerField()
+    trusted_at_pop = models.BooleanField(default=False)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    text = models.TextField(null=True, blank=True)
+    result = models.CharField(max_length=10, choices=Result.choices, blank=True, default="")
+    seed = models.BigIntegerField(null=True, blank=True)
+    gen_metadata = models.JSONField(default=list, blank=True)
+    tokens = models.PositiveIntegerField(null=True, blank=True)
+    reward = models.FloatField(default=0)
+
+    objects = GenerationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("-popped_at",)
+        indexes = [
+            models.Index(fields=["popped_at"], name="generation_processing", condition=Q(state="processing")),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(job_ttl__gte=1), name="generation_ttl_positive"),
+            models.CheckConstraint(
+                condition=Q(job_ttl__lte=F("cap_seconds")), name="generation_ttl_within_cap"
+            ),
+            models.CheckConstraint(
+                condition=Q(state="processing", finished_at__isnull=True)
+                | (~Q(state="processing") & Q(finished_at__isnull=False)),
+                name="generation_finished_iff_not_processing",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state="done") | Q(text__isnull=False), name="generation_done_has_text"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+    @property
+    def lease_expires_at(self) -> datetime:
+        return self.popped_at + timedelta(seconds=self.job_ttl)
+
+    def lease_description(self) -> str:
+        """The lease this job had, in seconds, for the AbortedGen message."""
+        from django.conf import settings
+
+        return (
+            f"its lease was {settings.TEXT_JOB_LEASE_SECONDS} s from the pop, "
+            f"renewed to end {self.job_ttl} s after the pop, "
+            f"under a cap of {self.cap_seconds} s"
+        )

@@ -1,0 +1,183 @@
+"""Input validation and output shapes of the horde text routes (AI Horde v2 names)."""
+
+from rest_framework import serializers
+
+
+class StrictCharField(serializers.CharField):
+    """A string, and only a string: numbers and booleans are wrong types here."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def _int(lo: int, hi: int, **kwargs) -> StrictIntegerField:
+    return StrictIntegerField(min_value=lo, max_value=hi, **kwargs)
+
+
+def _float(lo: float, hi: float) -> StrictFloatField:
+    return StrictFloatField(min_value=lo, max_value=hi, required=False)
+
+
+def _flag() -> StrictBooleanField:
+    return StrictBooleanField(required=False)
+
+
+class TextParamsInput(serializers.Serializer):
+    """`params`: the AI Horde's KoboldAI sampling knobs with its ranges."""
+
+    n = _int(1, 20, default=1)
+    max_length = _int(16, 16384, default=80)
+    max_context_length = _int(80, 1048576, default=2048)
+    rep_pen = _float(1, 3)
+    rep_pen_range = _int(0, 4096, required=False)
+    rep_pen_slope = _float(0, 10)
+    temperature = _float(0, 5)
+    tfs = _float(0, 1)
+    top_a = _float(0, 1)
+    top_k = _int(0, 200, required=False)
+    top_p = _float(0.001, 1)
+    typical = _float(0, 1)
+    min_p = _float(0, 1)
+    smoothing_factor = _float(0, 10)
+    dynatemp_range = _float(0, 5)
+    dynatemp_exponent = _float(0, 5)
+    sampler_order = serializers.ListField(child=_int(0, 6), max_length=7, required=False)
+    stop_sequence = serializers.ListField(
+        child=StrictCharField(allow_blank=False, max_length=2000), max_length=128, required=False
+    )
+    use_default_badwordsids = _flag()
+    frmtadsnsp = _flag()
+    frmtrmblln = _flag()
+    frmtrmspch = _flag()
+    frmttriminc = _flag()
+    singleline = _flag()
+
+    def validate_sampler_order(self, value: list[int]) -> list[int]:
+        if len(set(value)) < 7:
+            raise serializers.ValidationError("sampler_order must list all 7 samplers.")
+        return value
+
+    def validate_stop_sequence(self, value: list[str]) -> list[str]:
+        if sum(len(item) for item in value) > 2000:
+            raise serializers.ValidationError("stop_sequence may hold 2000 characters in all.")
+        return value
+
+
+class TextAsyncInput(serializers.Serializer):
+    prompt = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
+    params = TextParamsInput(required=False)
+    models = serializers.ListField(child=StrictCharField(max_length=255), max_length=200, default=list)
+    workers = serializers.ListField(child=serializers.UUIDField(), max_length=5, default=list)
+    trusted_workers = StrictBooleanField(default=False)
+    slow_workers = StrictBooleanField(default=True)
+    dry_run = StrictBooleanField(default=False)
+
+
+class TextAsyncOutput(serializers.Serializer):
+    id = serializers.UUIDField(required=False)
+    kudos = serializers.FloatField()
+    message = serializers.CharField(required=False)
+
+
+class GenerationOutput(serializers.Serializer):
+    text = serializers.CharField()
+    seed = serializers.IntegerField()
+    gen_metadata = serializers.ListField(child=serializers.DictField())
+    worker_id = serializers.UUIDField()
+    worker_name = serializers.CharField()
+    model = serializers.CharField()
+    state = serializers.CharField()
+
+
+class RequestStatusOutput(serializers.Serializer):
+    finished = serializers.IntegerField()
+    processing = serializers.IntegerField()
+    restarted = serializers.IntegerField()
+    waiting = serializers.IntegerField()
+    done = serializers.BooleanField()
+    faulted = serializers.BooleanField()
+    is_possible = serializers.BooleanField()
+    wait_time = serializers.IntegerField()
+    queue_position = serializers.IntegerField()
+    kudos = serializers.FloatField()
+    generations = GenerationOutput(many=True)
+    eligible_workers = serializers.IntegerField()
+    eligible_worker_threads = serializers.IntegerField()
+    might_stall = serializers.BooleanField()
+
+
+class PopInput(serializers.Serializer):
+    name = StrictCharField(max_length=100, trim_whitespace=True)
+    models = serializers.ListField(child=StrictCharField(max_length=255), min_length=1, max_length=200)
+    max_length = _int(1, 1_048_576, default=512)
+    max_context_length = _int(1, 1_048_576, default=2048)
+    threads = _int(1, 50, default=1)
+    nsfw = StrictBooleanField(default=False)
+    bridge_agent = StrictCharField(max_length=1000, default="unknown:0:unknown")
+    amount = _int(1, 20, default=1)
+    chat = StrictBooleanField(default=False)
+
+
+class LeaseOutput(serializers.Serializer):
+    expires_at = serializers.DateTimeField()
+    cap_seconds = serializers.IntegerField()
+    preparation_seconds = serializers.IntegerField()
+
+
+class PopOutput(serializers.Serializer):
+    payload = serializers.DictField()
+    id = serializers.UUIDField(allow_null=True)
+    ids = serializers.ListField(child=serializers.UUIDField())
+    model = serializers.CharField(allow_null=True)
+    ttl = serializers.IntegerField(allow_null=True)
+    skipped = serializers.DictField()
+    messages = serializers.ListField(child=serializers.DictField())
+    softprompt = serializers.CharField(allow_null=True)
+    extra_source_images = serializers.ListField(allow_null=True)
+    kind = serializers.CharField(allow_null=True)
+    lease = LeaseOutput(allow_null=True)
+
+
+class SubmitInput(serializers.Serializer):
+    id = serializers.UUIDField()
+    generation = StrictCharField(allow_blank=True, trim_whitespace=False, default="")
+    state = serializers.ChoiceField(choices=["ok", "censored", "faulted", "csam"], default="ok")
+    seed = _int(-(2**63), 2**63 - 1, default=0)
+    gen_metadata = serializers.ListField(child=serializers.DictField(), max_length=50, default=list)
+
+
+class SubmitOutput(serializers.Serializer):
+    reward = serializers.FloatField()
+
+
+class HordeErrorOutput(serializers.Serializer):
+    message = serializers.CharField()
+    rc = serializers.CharField()
+
+
+class HeartbeatOutput(serializers.Serializer):
+    message = serializers.CharField()
+    version = serializers.CharField()

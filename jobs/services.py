@@ -1,0 +1,426 @@
+"""The text flow: create, pop, submit, cancel and the stale pass.
+
+Each function owns its transaction and takes `now` from `hordeops.clock` unless given.
+"""
+
+import logging
+import math
+from collections import Counter as Tally
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, F, Value, When
+
+from hordeops import clock, errors, metrics
+from jobs.models import Generation, TextRequest
+from workers.models import Account, Worker
+
+logger = logging.getLogger(__name__)
+
+# pg_advisory_xact_lock key: one stale pass at a time across every Celery worker.
+STALE_PASS_LOCK_KEY = 0x686F726465  # "horde"
+MAINTENANCE_REASON = (
+    "Maintenance mode activated because worker is dropping too many jobs. "
+    "Please investigate its speed and stability before leaving maintenance."
+)
+
+
+def estimate_tokens(text: str, max_length: int) -> int:
+    """The AI Horde's count of generated tokens: about four characters a token."""
+    return min(max_length, max(20, math.ceil(len(text) / 4)))
+
+
+def lease_cap_seconds(*, trusted: bool) -> int:
+    if trusted:
+        return settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
+    return settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
+
+
+# --- Requests -------------------------------------------------------------------------------
+
+
+def create_text_request(
+    *,
+    account: Account,
+    prompt: str,
+    params: dict[str, Any],
+    models: list[str],
+    workers: list[UUID],
+    trusted_workers: bool,
+    slow_workers: bool,
+    dry_run: bool,
+    now: datetime | None = None,
+) -> tuple[TextRequest | None, float]:
+    """Queue a text request; return it (None on a dry run) and its kudos estimate."""
+    now = now or clock.now()
+    n = params.pop("n", 1)
+    max_length = params.get("max_length", 80)
+    max_context_length = params.get("max_context_length", 2048)
+    if max_context_length < max_length:
+        raise errors.TokenOverflow()
+    kudos = round(max_length * n / 10, 2)
+    if models and not Worker.objects.filter(served_models__overlap=models).exists():
+        raise errors.UnknownModel("No worker serves any of the requested models: " + ", ".join(models[:5]))
+    if workers:
+        known = set(Worker.objects.filter(pk__in=workers).values_list("pk", flat=True))
+        missing = [str(w) for w in workers if w not in known]
+        if missing:
+            raise errors.WorkerNotFound(f"No worker with id {missing[0]}.")
+    if dry_run:
+        return None, kudos
+    request = TextRequest.objects.create(
+        account=account,
+        kind=TextRequest.Kind.TEXT,
+        prompt=prompt,
+        params=params,
+        max_length=max_length,
+        max_context_length=max_context_length,
+        requested_models=models,
+        allowed_workers=workers,
+        trusted_workers=trusted_workers,
+        slow_workers=slow_workers,
+        n=n,
+        queued=n,
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS),
+    )
+    return request, kudos
+
+
+def cancel_request(*, request_id: UUID, now: datetime | None = None) -> TextRequest:
+    """Drop the request's queued work and cancel its running generations."""
+    now = now or clock.now()
+    with transaction.atomic():
+        request = TextRequest.objects.select_for_update().filter(pk=request_id).first()
+        if request is None:
+            raise errors.RequestNotFound()
+        if request.state == TextRequest.State.ACTIVE:
+            request.state = TextRequest.State.CANCELLED
+            request.queued = 0
+            request.save(update_fields=["state", "queued"])
+            request.generations.processing().update(state=Generation.State.CANCELLED, finished_at=now)
+    return request
+
+
+# --- Pop ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoppedJob:
+    request: TextRequest
+    generations: list[Generation]
+
+    @property
+    def first(self) -> Generation:
+        return self.generations[0]
+
+
+def pop_generation(
+    *,
+    account: Account,
+    name: str,
+    models: list[str],
+    max_length: int,
+    max_context_length: int,
+    threads: int,
+    nsfw: bool,
+    chat: bool,
+    bridge_agent: str,
+    amount: int,
+    now: datetime | None = None,
+) -> PoppedJob | None:
+    """Check the worker in, then claim the best request it may serve, if any.
+
+    The claim is one short transaction: lock one request row with SKIP LOCKED so that
+    concurrent pops never wait on each other, take up to `amount` of its jobs and start
+    one lease per job.
+    """
+    from workers.services import check_in_worker
+
+    now = now or clock.now()
+    worker = check_in_worker(
+        account=account,
+        name=name,
+        served_models=models,
+        max_length=max_length,
+        max_context_length=max_context_length,
+        threads=threads,
+        nsfw=nsfw,
+        chat=chat,
+        bridge_agent=bridge_agent,
+        now=now,
+    )
+    trusted = account.trusted
+    cap = lease_cap_seconds(trusted=trusted)
+    with transaction.atomic():
+        request = (
+            TextRequest.objects.poppable_for(worker, trusted=trusted, now=now)
+            .select_for_update(skip_locked=True, of=("self",))
+            .first()
+        )
+        if request is None:
+            if worker.maintenance:
+                raise errors.WorkerMaintenance(worker.maintenance_reason or None)
+            return None
+        take = min(amount, request.queued)
+        request.queued -= take
+        request.save(update_fields=["queued"])
+        model = _choose_model(request.requested_models, models)
+        generations = Generation.objects.bulk_create(
+            Generation(
+                request=request,
+                worker=worker,
+                model=model,
+                popped_at=now,
+                job_ttl=min(settings.TEXT_JOB_LEASE_SECONDS, cap),
+                cap_seconds=cap,
+                trusted_at_pop=trusted,
+            )
+            for _ in range(take)
+        )
+    return PoppedJob(request=request, generations=generations)
+
+
+def _choose_model(requested: list[str], served: list[str]) -> str:
+    for model in served:
+        if not requested or model in requested:
+            return model
+    return ""
+
+
+# --- Submit ------------------------------------------------------------------------------------
+
+
+def _refusal(generation_id: UUID) -> errors.DomainError:
+    """The error for a submit or progress post on a generation that is no longer processing."""
+    generation = Generation.objects.filter(pk=generation_id).first()
+    if generation is None:
+        return errors.InvalidJobID()
+    if generation.state == Generation.State.DONE:
+        return errors.DuplicateGen()
+    if generation.state == Generation.State.CANCELLED:
+        return errors.GenerationCancelled()
+    if generation.state == Generation.State.FAULTED:
+        return errors.AbortedGen("This generation was given back as faulted and cannot be submitted.")
+    return errors.AbortedGen(
+        "This generation took too long to process and has been aborted as stale: "
+        f"{generation.lease_description()}. "
+        "Post progress while generating to renew the lease, or serve shorter jobs."
+    )
+
+
+def submit_generation(
+    *,
+    account: Account,
+    generation_id: UUID,
+    text: str,
+    state: str,
+    seed: int,
+    gen_metadata: list[dict[str, Any]],
+    now: datetime | None = None,
+) -> float:
+    """Accept a worker's result, or its giving the job back; return the reward."""
+    now = now or clock.now()
+    generation = Generation.objects.select_related("worker", "request").filter(pk=generation_id).first()
+    if generation is None:
+        raise errors.InvalidJobID()
+    if generation.worker.account_id != account.id:
+        raise errors.WrongCredentials()
+    if state == "faulted":
+        _give_back(generation, now)
+        return 0.0
+
+    tokens = estimate_tokens(text, generation.request.max_length)
+    elapsed = max((now - generation.popped_at).total_seconds(), 0.001)
+    reward = round(tokens / 10, 2)
+    with transaction.atomic():
+        # Compare-and-set: whichever of this submit and the stale pass gets the row
+        # first wins; the other sees state != processing and changes nothing.
+        accepted = Generation.objects.filter(pk=generation.pk, state=Generation.State.PROCESSING).update(
+            state=Generation.State.DONE,
+            finished_at=now,
+            text=text,
+            result=state,
+            seed=seed,
+            gen_metadata=gen_metadata,
+            tokens=tokens,
+            reward=reward,
+        )
+        if not accepted:
+            raise _refusal(generation.pk)
+        TextRequest.objects.filter(pk=generation.request_id).update(
+            finished=F("finished") + 1,
+            state=Case(
+                When(
+                    state=TextRequest.State.ACTIVE,
+                    finished__gte=F("n") - 1,
+                    queued=0,
+                    then=Value(TextRequest.State.DONE),
+                ),
+                default=F("state"),
+            ),
+        )
+        _record_speed(generation.worker_id, tokens / elapsed)
+    return reward
+
+
+def _record_speed(worker_id: UUID, sample: float) -> None:
+    """Append a speed sample and set speed to the mean of the last SPEED_WINDOW."""
+    window = Worker.SPEED_WINDOW
+    with connection.cursor() as cursor:
+        # Computed from the row itself, so concurrent submits by one worker both land.
+        cursor.execute(
+            f"""
+            UPDATE {Worker._meta.db_table} SET
+              speed_samples = (speed_samples || %(sample)s::float8)
+                [greatest(1, cardinality(speed_samples) + 2 - %(window)s):],
+              speed = (SELECT avg(s) FROM unnest(
+                (speed_samples || %(sample)s::float8)
+                  [greatest(1, cardinality(speed_samples) + 2 - %(window)s):]) AS s),
+              completed_jobs = completed_jobs + 1
+            WHERE id = %(id)s
+            """,
+            {"sample": sample, "window": window, "id": worker_id},
+        )
+
+
+def _give_back(generation: Generation, now: datetime) -> None:
+    """`state: "faulted"`: the worker returns the job; restart it and count an abort."""
+    with transaction.atomic():
+        given_back = Generation.objects.filter(pk=generation.pk, state=Generation.State.PROCESSING).update(
+            state=Generation.State.FAULTED, finished_at=now
+        )
+        if not given_back:
+            raise _refusal(generation.pk)
+        _restart_requests(Tally([generation.request_id]))
+        _count_aborts(Tally([generation.worker_id]), now)
+
+
+# --- The stale pass ----------------------------------------------------------------------------
+
+
+@dataclass
+class StalePassResult:
+    ran: bool = True
+    aborted: int = 0
+    expired_requests: int = 0
+    cancelled_by_expiry: int = 0
+    maintenance: list[str] = field(default_factory=list)
+
+
+def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
+    """Expire old requests, abort every generation past its lease and restart its request.
+
+    Set-based: a fixed number of statements whatever the number of rows. A submit that
+    reaches a generation before this pass does is accepted; one after it gets AbortedGen.
+    """
+    now = now or clock.now()
+    result = StalePassResult()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [STALE_PASS_LOCK_KEY])
+            if not cursor.fetchone()[0]:
+                return StalePassResult(ran=False)
+        lapsed = TextRequest.objects.lapsed(now)
+        result.cancelled_by_expiry = (
+            Generation.objects.processing()
+            .filter(request__in=lapsed)
+            .update(state=Generation.State.CANCELLED, finished_at=now)
+        )
+        result.expired_requests = lapsed.update(state=TextRequest.State.EXPIRED, queued=0)
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                UPDATE {Generation._meta.db_table} SET state = %(aborted)s, finished_at = %(now)s
+                WHERE state = %(processing)s
+                  AND popped_at + interval '1 second' * job_ttl < %(now)s
+                RETURNING request_id, worker_id, trusted_at_pop
+                """,
+                {"aborted": Generation.State.ABORTED, "processing": Generation.State.PROCESSING, "now": now},
+            )
+            rows = cursor.fetchall()
+        result.aborted = len(rows)
+        if rows:
+            _restart_requests(Tally(row[0] for row in rows))
+            result.maintenance = _count_aborts(Tally(row[1] for row in rows), now)
+            by_trust = Tally(metrics.trust_label(row[2]) for row in rows)
+            transaction.on_commit(lambda: _count_stale_aborts(by_trust))
+    if result.aborted or result.expired_requests:
+        logger.info(
+            "stale pass: aborted %d generations, expired %d requests, %d workers into maintenance",
+            result.aborted,
+            result.expired_requests,
+            len(result.maintenance),
+        )
+    return result
+
+
+def _count_stale_aborts(by_trust: Tally) -> None:
+    for trust, count in by_trust.items():
+        metrics.stale_aborts.labels(trust=trust).inc(count)
+
+
+def _restart_requests(counts: Tally) -> None:
+    """Give aborted jobs back to their requests, or fault a request past its restarts."""
+    ids, added = zip(*counts.items(), strict=False)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {TextRequest._meta.db_table} AS r SET
+              restarts = r.restarts + v.added,
+              queued = CASE WHEN r.state = %(active)s AND r.restarts + v.added < %(max)s
+                            THEN r.queued + v.added ELSE 0 END,
+              state = CASE WHEN r.state = %(active)s AND r.restarts + v.added >= %(max)s
+                           THEN %(faulted)s ELSE r.state END
+            FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
+            WHERE r.id = v.id
+            """,
+            {
+                "ids": list(ids),
+                "added": list(added),
+                "active": TextRequest.State.ACTIVE,
+                "faulted": TextRequest.State.FAULTED,
+                "max": settings.TEXT_REQUEST_MAX_RESTARTS,
+            },
+        )
+
+
+def _count_aborts(counts: Tally, now: datetime) -> list[str]:
+    """Count aborts in each worker's one-hour window; over the threshold means maintenance.
+
+    Every value is computed from the worker row itself (no self-join), so two passes or a
+    faulted submit racing the pass both count.
+    """
+    ids, added = zip(*counts.items(), strict=False)
+    expired = "(w.aborts_window_start IS NULL OR w.aborts_window_start <= %(window_start)s)"
+    new = f"(CASE WHEN {expired} THEN v.added ELSE w.aborted_jobs + v.added END)"
+    over = f"({new} > %(threshold)s)"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Worker._meta.db_table} AS w SET
+              aborted_jobs = CASE WHEN {over} THEN 0 ELSE {new} END,
+              aborts_window_start = CASE WHEN {expired} THEN %(now)s ELSE w.aborts_window_start END,
+              uncompleted_jobs = w.uncompleted_jobs + v.added,
+              maintenance = w.maintenance OR {over},
+              maintenance_reason = CASE WHEN NOT w.maintenance AND {over}
+                                        THEN %(reason)s ELSE w.maintenance_reason END
+            FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
+            WHERE w.id = v.id
+            RETURNING w.name, w.maintenance
+            """,
+            {
+                "ids": list(ids),
+                "added": list(added),
+                "now": now,
+                "window_start": now - timedelta(hours=1),
+                "threshold": settings.WORKER_ABORT_MAINTENANCE_THRESHOLD,
+                "reason": MAINTENANCE_REASON,
+            },
+        )
+        return [name for name, in_maintenance in cursor.fetchall() if in_maintenance]

@@ -1,0 +1,60 @@
+"""The horde status of a request, as `GET /api/v2/generate/text/status/{id}` answers it."""
+
+import math
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Avg, Count, Sum
+
+from jobs.models import Generation, TextRequest
+from workers.models import Worker
+
+
+def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
+    processing = request.generations.processing().count()
+    done_generations = list(
+        request.generations.filter(state=Generation.State.DONE)
+        .select_related("worker")
+        .order_by("finished_at")
+    )
+    eligible = Worker.objects.eligible_for(request, now=now).aggregate(
+        workers=Count("pk"), threads=Sum("threads"), speed=Avg("speed")
+    )
+    eligible_workers = eligible["workers"] or 0
+    eligible_threads = eligible["threads"] or 0
+    queue_position = 0
+    wait_time = 0
+    if request.state == TextRequest.State.ACTIVE and request.queued:
+        queue_position = TextRequest.objects.ahead_of(request).count()
+        if eligible_threads:
+            speed = eligible["speed"] or settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND
+            jobs_ahead = queue_position + request.queued
+            wait_time = math.ceil(jobs_ahead * request.max_length / (speed * eligible_threads))
+    return {
+        "finished": request.finished,
+        "processing": processing,
+        "restarted": request.restarts,
+        "waiting": request.queued,
+        "done": request.is_done,
+        "faulted": request.state in (TextRequest.State.FAULTED, TextRequest.State.EXPIRED),
+        "is_possible": bool(eligible_workers or processing),
+        "wait_time": wait_time,
+        "queue_position": queue_position,
+        "kudos": round(sum(g.reward for g in done_generations), 2),
+        "generations": [
+            {
+                "text": g.text,
+                "seed": g.seed or 0,
+                "gen_metadata": g.gen_metadata,
+                "worker_id": g.worker_id,
+                "worker_name": g.worker.name,
+                "model": g.model,
+                "state": g.result or "ok",
+            }
+            for g in done_generations
+        ],
+        "eligible_workers": eligible_workers,
+        "eligible_worker_threads": eligible_threads,
+        "might_stall": False,
+    }

@@ -1,0 +1,167 @@
+"""The horde text routes: parse, call one service, shape the answer."""
+
+from uuid import UUID
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from hordeops import clock, errors
+from jobs import serializers as s
+from jobs import services
+from jobs.models import TextRequest
+from jobs.status import request_status
+from workers.services import authenticate
+
+APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
+ERRORS = {code: s.HordeErrorOutput for code in (400, 401, 403, 404, 409, 413, 503)}
+
+
+def _account(request: Request):
+    return authenticate(api_key=request.headers.get("apikey"))
+
+
+def _validated(serializer_class, request: Request) -> dict:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class TextAsyncView(APIView):
+    @extend_schema(
+        operation_id="text_async",
+        parameters=[APIKEY],
+        request=s.TextAsyncInput,
+        responses={202: s.TextAsyncOutput, 200: s.TextAsyncOutput, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        account = _account(request)
+        data = _validated(s.TextAsyncInput, request)
+        if not data["prompt"]:
+            raise errors.MissingPrompt()
+        params = dict(data.get("params") or {"n": 1, "max_length": 80, "max_context_length": 2048})
+        text_request, kudos = services.create_text_request(
+            account=account,
+            prompt=data["prompt"],
+            params=params,
+            models=data["models"],
+            workers=data["workers"],
+            trusted_workers=data["trusted_workers"],
+            slow_workers=data["slow_workers"],
+            dry_run=data["dry_run"],
+        )
+        if text_request is None:
+            return Response({"kudos": kudos}, status=200)
+        return Response({"id": text_request.id, "kudos": kudos}, status=202)
+
+
+class TextStatusView(APIView):
+    def _get_request(self, request_id: UUID) -> TextRequest:
+        text_request = TextRequest.objects.filter(pk=request_id).first()
+        if text_request is None:
+            raise errors.RequestNotFound()
+        return text_request
+
+    @extend_schema(
+        operation_id="text_status", responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput}
+    )
+    def get(self, request: Request, request_id: UUID) -> Response:
+        return Response(request_status(self._get_request(request_id), now=clock.now()))
+
+    @extend_schema(
+        operation_id="text_cancel", responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput}
+    )
+    def delete(self, request: Request, request_id: UUID) -> Response:
+        text_request = services.cancel_request(request_id=request_id)
+        return Response(request_status(text_request, now=clock.now()))
+
+
+def _pop_answer(job: services.PoppedJob | None) -> dict:
+    if job is None:
+        return {
+            "payload": {},
+            "id": None,
+            "ids": [],
+            "model": None,
+            "ttl": None,
+            "skipped": {},
+            "messages": [],
+            "softprompt": None,
+            "extra_source_images": None,
+            "kind": None,
+            "lease": None,
+        }
+    first = job.first
+    text_request = job.request
+    payload = {
+        **text_request.params,
+        "prompt": text_request.prompt,
+        "n": 1,
+        "max_length": text_request.max_length,
+        "max_context_length": text_request.max_context_length,
+    }
+    return {
+        "payload": payload,
+        "id": first.id,
+        "ids": [g.id for g in job.generations],
+        "model": first.model,
+        "ttl": settings.TEXT_JOB_LEASE_SECONDS,
+        "skipped": {},
+        "messages": [],
+        "softprompt": None,
+        "extra_source_images": None,
+        "kind": text_request.kind,
+        "lease": {
+            "expires_at": first.lease_expires_at,
+            "cap_seconds": first.cap_seconds,
+            "preparation_seconds": settings.TEXT_JOB_PREPARATION_SECONDS,
+        },
+    }
+
+
+class TextPopView(APIView):
+    @extend_schema(
+        operation_id="text_pop",
+        parameters=[APIKEY],
+        request=s.PopInput,
+        responses={200: s.PopOutput, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        account = _account(request)
+        data = _validated(s.PopInput, request)
+        job = services.pop_generation(
+            account=account,
+            name=data["name"],
+            models=data["models"],
+            max_length=data["max_length"],
+            max_context_length=data["max_context_length"],
+            threads=data["threads"],
+            nsfw=data["nsfw"],
+            chat=data["chat"],
+            bridge_agent=data["bridge_agent"],
+            amount=data["amount"],
+        )
+        return Response(s.PopOutput(_pop_answer(job)).data)
+
+
+class TextSubmitView(APIView):
+    @extend_schema(
+        operation_id="text_submit",
+        parameters=[APIKEY],
+        request=s.SubmitInput,
+        responses={200: s.SubmitOutput, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        account = _account(request)
+        data = _validated(s.SubmitInput, request)
+        reward = services.submit_generation(
+            account=account,
+            generation_id=data["id"],
+            text=data["generation"],
+            state=data["state"],
+            seed=data["seed"],
+            gen_metadata=data["gen_metadata"],
+        )
+        return Response({"reward": reward})

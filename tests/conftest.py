@@ -1,0 +1,75 @@
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from workers.models import ANONYMOUS_API_KEY, Account
+from workers.services import create_account
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _empty_test_redis(django_db_blocker) -> None:
+    # bin/test points REDIS_URL at a database of its own; start each run from empty.
+    cache.client.get_client(write=True).flushdb()
+
+
+@dataclass
+class Caller:
+    """An account with its API key, and a client that speaks the horde routes as it."""
+
+    account: Account
+    api_key: str
+    client: APIClient
+
+    def post(self, path: str, body: Any, **headers: str):
+        return self.client.post(path, body, format="json", HTTP_APIKEY=self.api_key, **headers)
+
+    def request_text(self, prompt: str = "Once upon a time", **body: Any):
+        return self.post("/api/v2/generate/text/async", {"prompt": prompt, **body})
+
+    def pop(self, name: str = "worker-1", models: list[str] | None = None, **body: Any):
+        return self.post("/api/v2/generate/text/pop", {"name": name, "models": models or ["m1"], **body})
+
+    def submit(self, generation_id: str, generation: str = "The end.", **body: Any):
+        return self.post(
+            "/api/v2/generate/text/submit", {"id": str(generation_id), "generation": generation, **body}
+        )
+
+    def status(self, request_id: str):
+        return self.client.get(f"/api/v2/generate/text/status/{request_id}")
+
+
+@pytest.fixture
+def make_caller(db) -> Callable[..., Caller]:
+    def make(name: str | None = None, *, trusted: bool = False) -> Caller:
+        account, api_key = create_account(name=name or f"acct-{uuid.uuid4().hex[:8]}", trusted=trusted)
+        return Caller(account=account, api_key=api_key, client=APIClient())
+
+    return make
+
+
+@pytest.fixture
+def anonymous(db) -> Caller:
+    return Caller(
+        account=Account.objects.get(name="Anonymous"), api_key=ANONYMOUS_API_KEY, client=APIClient()
+    )
+
+
+@pytest.fixture
+def requester(make_caller) -> Caller:
+    return make_caller("requester")
+
+
+@pytest.fixture
+def owner(make_caller) -> Caller:
+    """An untrusted account that runs workers."""
+    return make_caller("owner")
+
+
+@pytest.fixture
+def trusted_owner(make_caller) -> Caller:
+    return make_caller("trusted-owner", trusted=True)

@@ -1,0 +1,123 @@
+import hashlib
+import secrets
+import uuid
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+ANONYMOUS_API_KEY = "0000000000"
+ANONYMOUS_NAME = "Anonymous"
+
+
+def hash_api_key(api_key: str) -> str:
+    # Keys are 128 random bits, so a fast hash is enough: nothing to brute-force.
+    return hashlib.sha256(api_key.encode()).hexdigest()
+
+
+def new_api_key() -> str:
+    return secrets.token_urlsafe(16)
+
+
+class AccountQuerySet(models.QuerySet["Account"]):
+    def for_api_key(self, api_key: str) -> "Account | None":
+        return self.filter(api_key_hash=hash_api_key(api_key)).first()
+
+
+class Account(models.Model):
+    """A requester and worker owner, identified by its API key."""
+
+    name = models.CharField(max_length=100, unique=True)
+    api_key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    trusted = models.BooleanField(default=False, db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = AccountQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_anonymous(self) -> bool:
+        return self.api_key_hash == hash_api_key(ANONYMOUS_API_KEY)
+
+
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    def online(self, now: datetime) -> "WorkerQuerySet":
+        since = now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS)
+        return self.filter(last_pop_at__gte=since)
+
+    def eligible_for(self, request, *, now: datetime) -> "WorkerQuerySet":
+        """Online workers that the pop would offer `request` to.
+
+        The mirror of `TextRequestQuerySet.poppable_for`; a test holds the two together.
+        """
+        qs = self.online(now).filter(
+            max_length__gte=request.max_length,
+            max_context_length__gte=request.max_context_length,
+        )
+        if request.requested_models:
+            qs = qs.filter(served_models__overlap=request.requested_models)
+        if request.allowed_workers:
+            qs = qs.filter(pk__in=request.allowed_workers)
+        if request.trusted_workers:
+            qs = qs.filter(account__trusted=True)
+        if request.kind == "chat":
+            qs = qs.filter(chat=True)
+        return qs.filter(Q(maintenance=False) | Q(account_id=request.account_id))
+
+
+class Worker(models.Model):
+    """A volunteer's LLM server, created by its first pop under a name."""
+
+    # How many completed jobs the rolling speed averages over (the AI Horde's window).
+    SPEED_WINDOW = 20
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=100, unique=True)
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="workers")
+    served_models = ArrayField(models.CharField(max_length=255), default=list, blank=True)
+    max_length = models.PositiveIntegerField(default=512)
+    max_context_length = models.PositiveIntegerField(default=2048)
+    threads = models.PositiveSmallIntegerField(default=1)
+    nsfw = models.BooleanField(default=False)
+    chat = models.BooleanField(default=False)
+    bridge_agent = models.CharField(max_length=1000, default="unknown:0:unknown")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_pop_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    # Tokens per second over the last SPEED_WINDOW completed jobs; null until measured.
+    speed = models.FloatField(null=True, blank=True)
+    speed_samples = ArrayField(models.FloatField(), default=list, blank=True)
+    completed_jobs = models.PositiveIntegerField(default=0)
+
+    # Aborts in a fixed one-hour window, as the AI Horde counts them.
+    aborted_jobs = models.PositiveIntegerField(default=0)
+    aborts_window_start = models.DateTimeField(null=True, blank=True)
+    uncompleted_jobs = models.PositiveIntegerField(default=0)
+    maintenance = models.BooleanField(default=False)
+    maintenance_reason = models.CharField(max_length=500, blank=True, default="")
+
+    objects = WorkerQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("name",)
+        indexes = [GinIndex(fields=["served_models"], name="worker_models_gin")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(threads__gte=1) & Q(threads__lte=50), name="worker_threads_1_50"
+            ),
+            models.CheckConstraint(
+                condition=Q(speed__isnull=True) | Q(speed__gte=0), name="worker_speed_not_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
