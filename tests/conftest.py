@@ -12,9 +12,12 @@ from workers.services import create_account
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _empty_test_redis(django_db_blocker) -> None:
-    # bin/test points REDIS_URL at a database of its own; start each run from empty.
-    cache.client.get_client(write=True).flushdb()
+def _empty_test_redis() -> None:
+    # bin/test points REDIS_URL at a database of its own; start each run from empty, but
+    # never empty database 0, where a running stack keeps its broker and cache.
+    client = cache.client.get_client(write=True)
+    if client.connection_pool.connection_kwargs.get("db", 0) != 0:
+        client.flushdb()
 
 
 @dataclass

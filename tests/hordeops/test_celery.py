@@ -1,0 +1,89 @@
+"""The stale pass as Celery runs it: a beat entry, a registered task, a real worker."""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.db.models import F
+
+from hordeops.celery import app
+from jobs.models import Generation, TextRequest
+from jobs.tasks import abort_stale_generations_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_beat_entry_names_a_registered_task():
+    app.loader.import_default_modules()
+    assert settings.CELERY_BEAT_SCHEDULE
+    for entry in settings.CELERY_BEAT_SCHEDULE.values():
+        assert entry["task"] in app.tasks
+
+
+def test_the_stale_pass_runs_every_STALE_GENERATION_PASS_SECONDS():
+    [entry] = settings.CELERY_BEAT_SCHEDULE.values()
+    assert entry["task"] == abort_stale_generations_task.name
+    assert entry["schedule"].run_every == timedelta(seconds=settings.STALE_GENERATION_PASS_SECONDS)
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_celery_worker_runs_the_stale_pass(make_caller):
+    requester = make_caller("requester")
+    owner = make_caller("owner")
+    owner.pop("w")
+    request_id = requester.request_text().json()["id"]
+    generation_id = owner.pop("w").json()["id"]
+    Generation.objects.filter(pk=generation_id).update(popped_at=F("popped_at") - timedelta(seconds=151))
+
+    # A queue of this test's own, so that no other worker on the broker takes the task.
+    queue = f"test-{uuid.uuid4().hex}"
+    env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL}
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "hordeops",
+            "worker",
+            "--pool=solo",
+            "-Q",
+            queue,
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel=INFO",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        abort_stale_generations_task.apply_async(queue=queue)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED:
+                break
+            assert worker.poll() is None, worker.stdout.read()
+            time.sleep(0.2)
+    finally:
+        worker.terminate()
+        output, _ = worker.communicate(timeout=30)
+    assert Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED, output
+    request = TextRequest.objects.get(pk=request_id)
+    assert (request.queued, request.restarts) == (1, 1)
+    assert "abort_stale_generations_task" in output

@@ -1,0 +1,193 @@
+"""The pop: filters, order, lease fields, concurrency and its query count."""
+
+import threading
+from collections import Counter
+
+import pytest
+from django.db import connection
+
+from jobs.models import Generation, TextRequest
+from jobs.services import pop_generation
+from workers.models import Worker
+
+POP = {
+    "models": ["m1"],
+    "max_length": 512,
+    "max_context_length": 2048,
+    "threads": 1,
+    "nsfw": False,
+    "chat": False,
+    "bridge_agent": "test:1:test",
+    "amount": 1,
+}
+
+
+def test_the_first_pop_creates_the_worker_with_what_it_declares(owner):
+    owner.pop("fresh", models=["m1", "m2"], max_length=1024, max_context_length=4096, threads=2)
+    worker = Worker.objects.get(name="fresh")
+    assert worker.account == owner.account
+    assert worker.served_models == ["m1", "m2"]
+    assert (worker.max_length, worker.max_context_length, worker.threads) == (1024, 4096, 2)
+
+
+def test_a_name_owned_by_another_account_is_WrongCredentials(owner, make_caller):
+    owner.pop("taken")
+    thief = make_caller("thief")
+    refused = thief.pop("taken")
+    assert (refused.status_code, refused.json()["rc"]) == (403, "WrongCredentials")
+
+
+def test_the_anonymous_key_cannot_run_a_worker(anonymous):
+    refused = anonymous.pop("anon-worker")
+    assert (refused.status_code, refused.json()["rc"]) == (403, "AnonForbiddenWorker")
+
+
+def test_an_unknown_key_is_InvalidAPIKey(owner):
+    owner.api_key = "x" * 22
+    refused = owner.pop("w")
+    assert (refused.status_code, refused.json()["rc"]) == (401, "InvalidAPIKey")
+
+
+def test_the_pop_takes_the_highest_priority_then_the_oldest(requester, owner, time_machine):
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
+    owner.pop("w")
+    ids = []
+    for _ in range(3):
+        ids.append(requester.request_text(models=["m1"]).json()["id"])
+        time_machine.shift(1)
+    TextRequest.objects.filter(pk=ids[2]).update(priority=5)
+    popped = [Generation.objects.get(pk=owner.pop("w").json()["id"]).request_id for _ in range(3)]
+    assert [str(p) for p in popped] == [ids[2], ids[0], ids[1]]
+
+
+@pytest.mark.parametrize(
+    ("request_body", "worker_body", "offered"),
+    [
+        ({"models": ["m1"]}, {"models": ["m1"]}, True),
+        ({"models": ["m2"]}, {"models": ["m1"]}, False),
+        ({}, {"models": ["m1"]}, True),
+        ({"params": {"max_length": 600}}, {"max_length": 512}, False),
+        ({"params": {"max_length": 512}}, {"max_length": 512}, True),
+        ({"params": {"max_context_length": 4096}}, {"max_context_length": 2048}, False),
+        ({"params": {"max_context_length": 2048}}, {"max_context_length": 4096}, True),
+        ({"trusted_workers": True}, {}, False),
+    ],
+)
+def test_the_pop_filters_by_model_length_context_and_trust(
+    requester, owner, request_body, worker_body, offered
+):
+    owner.pop("other", models=["m1", "m2"])  # another worker keeps both models known
+    worker_body = {"models": ["m1"], **worker_body}
+    owner.pop("w", **worker_body)
+    assert requester.request_text(**request_body).status_code == 202
+    job = owner.pop("w", **worker_body).json()
+    assert (job["id"] is not None) is offered
+
+
+def test_trusted_workers_requests_go_to_trusted_owners(requester, trusted_owner):
+    trusted_owner.pop("tw")
+    requester.request_text(trusted_workers=True)
+    job = trusted_owner.pop("tw").json()
+    assert job["id"] is not None
+    assert job["lease"]["cap_seconds"] == 600
+
+
+def test_a_request_for_named_workers_goes_only_to_them(requester, owner):
+    owner.pop("a")
+    owner.pop("b")
+    b = Worker.objects.get(name="b")
+    requester.request_text(workers=[str(b.id)])
+    assert owner.pop("a").json()["id"] is None
+    assert owner.pop("b").json()["id"] is not None
+
+
+def test_a_text_worker_never_gets_a_chat_job(requester, owner):
+    owner.pop("w")
+    request_id = requester.request_text().json()["id"]
+    TextRequest.objects.filter(pk=request_id).update(kind=TextRequest.Kind.CHAT)
+    assert owner.pop("w").json()["id"] is None
+    assert owner.pop("w", chat=True).json()["id"] is not None
+
+
+def test_the_pop_starts_a_lease_of_the_base_length(requester, owner, time_machine, settings):
+    settings.TEXT_JOB_LEASE_SECONDS = 42
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
+    owner.pop("w")
+    requester.request_text()
+    job = owner.pop("w").json()
+    assert job["ttl"] == 42
+    assert job["lease"]["expires_at"] == "2026-01-01T00:00:42Z"
+    generation = Generation.objects.get(pk=job["id"])
+    assert (generation.job_ttl, generation.cap_seconds, generation.trusted_at_pop) == (42, 200, False)
+
+
+def test_the_pop_costs_a_pinned_number_of_queries(requester, owner, django_assert_num_queries):
+    owner.pop("w")
+    requester.request_text()
+    # auth, worker, worker check-in, lock one request, take its job, create the generation;
+    # plus the SAVEPOINT and RELEASE of running inside the test's transaction.
+    with django_assert_num_queries(8):
+        assert owner.pop("w").json()["id"] is not None
+    with django_assert_num_queries(6):
+        assert owner.pop("w").json()["id"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_caller):
+    requester = make_caller("requester")
+    owner = make_caller("owner")
+    owner.pop("warmup")
+    for i in range(100):
+        requester.request_text(f"prompt {i}")
+    taken: list[str] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(20)
+
+    def pop_until_empty(n: int) -> None:
+        try:
+            start.wait()
+            while True:
+                job = pop_generation(account=owner.account, name=f"w{n}", **POP)
+                if job is None:
+                    return
+                taken.append(str(job.request.id))
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=pop_until_empty, args=(n,)) for n in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(taken) == 100
+    assert set(Counter(taken).values()) == {1}
+    assert set(taken) == {str(pk) for pk in TextRequest.objects.values_list("pk", flat=True)}
+    assert Generation.objects.count() == 100
+    assert TextRequest.objects.filter(queued__gt=0).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_first_pops_under_one_name_create_one_worker(make_caller):
+    owner = make_caller("owner")
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def pop() -> None:
+        try:
+            start.wait()
+            pop_generation(account=owner.account, name="same-name", **POP)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=pop) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert Worker.objects.filter(name="same-name").count() == 1
