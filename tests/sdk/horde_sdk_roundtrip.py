@@ -1,0 +1,218 @@
+"""Run one text request through hordeops with the official AI Horde client, horde_sdk.
+
+Runs under .venv-sdk/bin/python (horde-sdk needs Python 3.12; see bin/sdk-venv), not under
+pytest: tests/test_horde_sdk_compat.py starts it against a live server and reads its output.
+
+    AI_HORDE_URL=http://127.0.0.1:PORT/api/ .venv-sdk/bin/python tests/sdk/horde_sdk_roundtrip.py \
+        REQUESTER_KEY WORKER_KEY MODEL
+
+The keys and the model may instead come from HORDE_REQUESTER_KEY, HORDE_WORKER_KEY and
+HORDE_MODEL. AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
+
+Every request is an SDK request model sent with the SDK's synchronous manual client, and every
+answer is parsed into the SDK's response model. Prints one JSON object of what was seen; any
+HTTP error or SDK parse failure prints the error on stderr and exits with status 1.
+
+horde_sdk 0.33.3 quirks met here:
+- The base URL is the module global `endpoints.AI_HORDE_BASE_URL`, set from AI_HORDE_URL (or,
+  winning, AI_HORDE_DEV_URL) at import time; it is urljoined, so without the trailing slash
+  requests go to /v2/... instead of /api/v2/....
+- `import horde_sdk` calls `dotenv.load_dotenv()`, which looks for .env from the installed
+  package's folder upwards (.venv-sdk/.., that is the repo root), not from the working directory;
+  it does not override variables already set.
+- The manual client does not raise on an HTTP error or on a response its model rejects: it returns
+  a `RequestErrorResponse` (the pydantic error is in `object_data["exception"]`), so `_send` checks.
+  Only a 4xx/5xx body with an `errors` key raises (`PayloadValidationError`). The sync client never
+  retries (`should_retry` is defined but not called in 0.33.3).
+- Request models validate `apikey`: only "0000000000", a 36-character UUID or 22 characters pass.
+- Unknown response keys are kept (`model_extra`) unless TESTS_ONGOING is set, which makes every
+  model `extra="forbid"`: then hordeops' extra pop keys `kind` and `lease` fail to parse. The test
+  unsets TESTS_ONGOING, AI_HORDE_DEV_URL and AI_HORDE_DEV_APIKEY for this script.
+- Pop responses: `skipped` must be an object (never null), `payload.top_k` may be at most 100 and
+  `payload.max_length` at least 16; `id`/`ids` must be UUIDs.
+"""
+
+import json
+import os
+import sys
+import time
+from typing import Any, TypeVar
+
+from horde_sdk.ai_horde_api import endpoints
+from horde_sdk.ai_horde_api.ai_horde_clients import AIHordeAPIManualClient
+from horde_sdk.ai_horde_api.apimodels import (
+    JobSubmitResponse,
+    ModelGenerationInputKobold,
+    TextGenerateAsyncRequest,
+    TextGenerateAsyncResponse,
+    TextGenerateJobPopRequest,
+    TextGenerateJobPopResponse,
+    TextGenerateStatusRequest,
+    TextGenerateStatusResponse,
+    TextGenerationJobSubmitRequest,
+)
+from horde_sdk.ai_horde_api.consts import GENERATION_STATE
+from horde_sdk.generic_api.apimodels import HordeRequest, HordeResponse, RequestErrorResponse
+
+PROMPT = "Once upon a time, in a horde far away,"
+# Leading and trailing blanks, a newline and non-ASCII: the text must come back byte for byte.
+GENERATION = " there lived a worker.\n\u2014 The end. \u2713 "
+MAX_LENGTH = 80
+STATUS_TIMEOUT_SECONDS = 30.0
+
+ResponseT = TypeVar("ResponseT", bound=HordeResponse)
+
+
+class RoundtripError(Exception):
+    pass
+
+
+def _arg(index: int, env: str) -> str:
+    value = sys.argv[index] if len(sys.argv) > index else os.environ.get(env, "")
+    if not value:
+        raise RoundtripError(f"missing argument {index} or environment variable {env}")
+    return value
+
+
+def _send(client: AIHordeAPIManualClient, request: HordeRequest, expected: type[ResponseT]) -> ResponseT:
+    """Send one request model; return the parsed response model or raise on any failure."""
+    response = client.submit_request(request, expected)
+    if isinstance(response, RequestErrorResponse):
+        raise RoundtripError(
+            f"{type(request).__name__} -> {expected.__name__} failed: {response.message} "
+            f"(rc={response.rc}, object_data={response.object_data!r})"
+        )
+    if not isinstance(response, expected):
+        raise RoundtripError(f"{type(request).__name__}: expected {expected.__name__}, got {response!r}")
+    return response
+
+
+def _unknown_keys(model: Any) -> list[str]:
+    """Keys the server sent that this SDK version has no field for (allowed unless TESTS_ONGOING)."""
+    return sorted((model.model_extra or {}).keys())
+
+
+def run(base_url: str, requester_key: str, worker_key: str, model: str) -> dict[str, Any]:
+    client = AIHordeAPIManualClient()
+    worker_name = f"sdk-worker-{os.getpid()}"
+
+    def pop() -> TextGenerateJobPopResponse:
+        request = TextGenerateJobPopRequest(
+            apikey=worker_key,
+            name=worker_name,
+            models=[model],
+            max_length=512,
+            max_context_length=2048,
+            bridge_agent="horde_sdk roundtrip:0.33.3:hordeops-tests",
+        )
+        return _send(client, request, TextGenerateJobPopResponse)
+
+    # (a) The worker checks in once so that the server knows it and its model.
+    first_pop = pop()
+    if first_pop.id_ is not None or first_pop.ids:
+        raise RoundtripError(f"the first pop should find no job, got {first_pop!r}")
+
+    # (b) The requester asks for text from that model.
+    created = _send(
+        client,
+        TextGenerateAsyncRequest(
+            apikey=requester_key,
+            prompt=PROMPT,
+            params=ModelGenerationInputKobold(max_length=MAX_LENGTH, max_context_length=1024),
+            models=[model],
+        ),
+        TextGenerateAsyncResponse,
+    )
+
+    # (c) The worker pops the job.
+    job = pop()
+    if job.id_ is None:
+        raise RoundtripError(f"the second pop should hand out a job, got {job!r}")
+
+    # (d) The worker submits its generation.
+    submitted = _send(
+        client,
+        TextGenerationJobSubmitRequest(
+            apikey=worker_key, id=job.id_, generation=GENERATION, state=GENERATION_STATE.ok
+        ),
+        JobSubmitResponse,
+    )
+
+    # (e) The requester polls until the request is done.
+    deadline = time.monotonic() + STATUS_TIMEOUT_SECONDS
+    polls = 0
+    while True:
+        polls += 1
+        status = _send(client, TextGenerateStatusRequest(id=created.id_), TextGenerateStatusResponse)
+        if status.done:
+            break
+        if time.monotonic() > deadline:
+            raise RoundtripError(f"request not done after {STATUS_TIMEOUT_SECONDS}s: {status!r}")
+        time.sleep(0.2)
+
+    return {
+        "base_url": base_url,
+        "first_pop": {"id": first_pop.id_ and str(first_pop.id_), "ids": [str(i) for i in first_pop.ids]},
+        "request_id": str(created.id_),
+        "request_kudos": created.kudos,
+        "job_id": str(job.id_),
+        "job_ids": [str(i) for i in job.ids],
+        "job_model": job.model,
+        "payload_prompt": job.payload.prompt,
+        "payload_max_length": job.payload.max_length,
+        "payload_max_context_length": job.payload.max_context_length,
+        "payload_n": job.payload.n,
+        "ttl": job.ttl,
+        "skipped_is_empty": job.skipped.is_empty(),
+        "submitted_text": GENERATION,
+        "reward": submitted.reward,
+        "status_polls": polls,
+        "status": {
+            "done": status.done,
+            "faulted": status.faulted,
+            "finished": status.finished,
+            "processing": status.processing,
+            "waiting": status.waiting,
+            "kudos": status.kudos,
+            "generations": [
+                {
+                    "text": g.text,
+                    "model": g.model,
+                    "state": str(g.state),
+                    "worker_id": str(g.worker_id),
+                    "worker_name": g.worker_name,
+                    "seed": g.seed,
+                }
+                for g in status.generations
+            ],
+        },
+        "unknown_keys": {
+            "pop_response": _unknown_keys(job),
+            "async_response": _unknown_keys(created),
+            "status_response": _unknown_keys(status),
+        },
+    }
+
+
+def main() -> int:
+    try:
+        base_url = os.environ.get("AI_HORDE_URL", "")
+        if not base_url.endswith("/api/"):
+            raise RoundtripError(f"AI_HORDE_URL must end with /api/ (trailing slash), got {base_url!r}")
+        if endpoints.AI_HORDE_BASE_URL != base_url:
+            raise RoundtripError(
+                f"horde_sdk targets {endpoints.AI_HORDE_BASE_URL!r}, not {base_url!r}"
+                " (is AI_HORDE_DEV_URL set?)"
+            )
+        result = run(
+            base_url, _arg(1, "HORDE_REQUESTER_KEY"), _arg(2, "HORDE_WORKER_KEY"), _arg(3, "HORDE_MODEL")
+        )
+    except Exception as exc:  # any failure, the SDK's parse errors included, fails the run
+        print(f"horde_sdk roundtrip failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

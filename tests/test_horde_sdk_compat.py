@@ -1,0 +1,92 @@
+"""The official AI Horde client, horde_sdk 0.33.3, works unchanged against hordeops.
+
+horde-sdk needs Python 3.12, so it lives in .venv-sdk (made by bin/sdk-venv, which bin/test
+runs) and drives a live server from a subprocess: tests/sdk/horde_sdk_roundtrip.py.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from jobs.models import Generation, TextRequest
+from workers.models import Worker
+from workers.services import create_account
+
+ROOT = Path(__file__).resolve().parent.parent
+SDK_PYTHON = ROOT / ".venv-sdk" / "bin" / "python"
+SCRIPT = ROOT / "tests" / "sdk" / "horde_sdk_roundtrip.py"
+MODEL = "koboldcpp/sdk-roundtrip-7B"
+SCRIPT_TIMEOUT_SECONDS = 120
+# Variables that would point horde_sdk elsewhere or change how strictly it parses.
+SDK_ENV_OVERRIDES = ("AI_HORDE_DEV_URL", "AI_HORDE_DEV_APIKEY", "TESTS_ONGOING")
+
+
+def _run_roundtrip(base_url: str, requester_key: str, worker_key: str, cwd: Path) -> dict:
+    if not SDK_PYTHON.exists():
+        pytest.fail(f"{SDK_PYTHON.relative_to(ROOT)} is missing: run bin/sdk-venv (bin/test does it).")
+    env = {k: v for k, v in os.environ.items() if k not in SDK_ENV_OVERRIDES}
+    env["AI_HORDE_URL"] = base_url
+    done = subprocess.run(
+        [str(SDK_PYTHON), str(SCRIPT), requester_key, worker_key, MODEL],
+        env=env,
+        cwd=cwd,  # outside the work tree: nothing the client might write lands in the repo
+        capture_output=True,
+        text=True,
+        timeout=SCRIPT_TIMEOUT_SECONDS,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"horde_sdk roundtrip exited {done.returncode}:\n{done.stderr[-4000:]}\n{done.stdout}")
+    return json.loads(done.stdout)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_runs_a_text_request_through_a_worker(live_server, tmp_path) -> None:
+    _, requester_key = create_account(name="sdk-requester")
+    worker_account, worker_key = create_account(name="sdk-worker-owner")
+
+    seen = _run_roundtrip(f"{live_server.url}/api/", requester_key, worker_key, tmp_path)
+
+    # The worker's first pop finds nothing but checks it in with its model.
+    assert seen["first_pop"] == {"id": None, "ids": []}
+    worker = Worker.objects.get(account=worker_account)
+    assert MODEL in worker.served_models
+
+    # The request the SDK created is the one the worker popped.
+    text_request = TextRequest.objects.get(pk=seen["request_id"])
+    generation = Generation.objects.get(pk=seen["job_id"])
+    assert generation.request_id == text_request.pk
+    assert seen["job_ids"] == [seen["job_id"]]
+    assert seen["job_model"] == MODEL
+    assert seen["payload_prompt"] == text_request.prompt == "Once upon a time, in a horde far away,"
+    assert (seen["payload_n"], seen["payload_max_length"], seen["payload_max_context_length"]) == (
+        1,
+        80,
+        1024,
+    )
+    assert seen["ttl"] == 150
+    assert seen["skipped_is_empty"] is True
+
+    # The submitted text round-trips exactly, and the reward is the one the server booked.
+    submitted = seen["submitted_text"]
+    assert submitted.startswith(" ") and "\n" in submitted and not submitted.isascii()
+    generation.refresh_from_db()
+    assert generation.state == Generation.State.DONE
+    assert generation.text == submitted
+    assert seen["reward"] == generation.reward > 0
+
+    status = seen["status"]
+    assert status["done"] is True
+    assert status["faulted"] is False
+    assert (status["finished"], status["processing"], status["waiting"]) == (1, 0, 0)
+    assert [g["text"] for g in status["generations"]] == [submitted]
+    assert status["generations"][0] == {
+        "text": submitted,
+        "model": MODEL,
+        "state": "ok",
+        "worker_id": str(worker.id),
+        "worker_name": worker.name,
+        "seed": 0,
+    }
