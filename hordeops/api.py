@@ -1,17 +1,22 @@
 """Request parsing and the horde error shape: `{"message": ..., "rc": ...}`."""
 
+import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.db import DatabaseError
+from django.core.handlers.asgi import ASGIRequest
+from django.db import DatabaseError, DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
 from hordeops import errors
+
+logger = logging.getLogger(__name__)
 
 VALIDATION_MESSAGE = "Input payload validation failed"
 
@@ -55,7 +60,13 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
         return horde_error(VALIDATION_MESSAGE, "ValidationError", 400, errors=_flatten_errors(exc.detail))
     if isinstance(exc, drf_exceptions.ParseError):
         return horde_error(str(exc.detail), errors.InvalidJSON.code, 400)
+    if isinstance(exc, DataError):
+        # A value PostgreSQL refuses that validation let through: the caller's input.
+        logger.warning("database refused a value: %s", type(exc).__name__)
+        return horde_error("A value in the request is out of range for the horde.", "BadRequest", 400)
     if isinstance(exc, (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        # Only the class name: driver messages can quote the request's values.
+        logger.error("service unavailable: %s", type(exc).__name__)
         err = errors.ServiceUnavailable()
         return horde_error(err.message, err.code, err.status)
     if isinstance(exc, drf_exceptions.APIException):
@@ -69,6 +80,22 @@ def _is_api_path(path: str) -> bool:
     return path.startswith("/api/")
 
 
+def _unannounced_body_length(request: HttpRequest) -> int:
+    """The size of a body sent without Content-Length (chunked), where it can be known.
+
+    The ASGI handler has already spooled such a body to a file; WSGI never reads one.
+    """
+    stream = getattr(request, "_stream", None)
+    if not isinstance(request, ASGIRequest) or stream is None:
+        return 0
+    try:
+        size = stream.seek(0, os.SEEK_END)
+        stream.seek(0)
+    except (AttributeError, OSError, ValueError):
+        return 0
+    return size or 0
+
+
 class BodyLimitMiddleware:
     """Refuse bodies over the limit before anything reads them."""
 
@@ -76,14 +103,21 @@ class BodyLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        length = request.META.get("CONTENT_LENGTH") or "0"
+        declared = request.META.get("CONTENT_LENGTH") or ""
         try:
-            too_big = int(length) > settings.MAX_REQUEST_BODY_BYTES
+            length = int(declared) if declared else 0
         except ValueError:
+            length = -1
+        if length < 0:
             return JsonResponse(
                 {"message": "Content-Length is not a number.", "rc": "BadRequest"}, status=400
             )
-        if too_big and _is_api_path(request.path):
+        if not declared and _is_api_path(request.path):
+            length = _unannounced_body_length(request)
+            if 0 < length <= settings.MAX_REQUEST_BODY_BYTES:
+                # DRF reads no body without a Content-Length: give it the spooled body's size.
+                request.META["CONTENT_LENGTH"] = str(length)
+        if length > settings.MAX_REQUEST_BODY_BYTES and _is_api_path(request.path):
             err = errors.PayloadTooLarge()
             return JsonResponse({"message": err.message, "rc": err.code}, status=err.status)
         return self.get_response(request)
@@ -102,8 +136,3 @@ def bad_request(request: HttpRequest, exception: Exception | None = None) -> Htt
         err = errors.PayloadTooLarge()
         return JsonResponse({"message": err.message, "rc": err.code}, status=err.status)
     return JsonResponse({"message": "Bad request.", "rc": "BadRequest"}, status=400)
-
-
-def request_not_found(request: HttpRequest, raw: str) -> HttpResponse:
-    err = errors.RequestNotFound()
-    return JsonResponse({"message": err.message, "rc": err.code}, status=err.status)

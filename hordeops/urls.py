@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import include, path, re_path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
 from hordeops import api
@@ -10,8 +10,6 @@ urlpatterns = [
     path("api/v2/", include("jobs.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    # A status id that is not a UUID is an unknown request, in the horde's shape.
-    re_path(r"^api/v2/generate/text/status/(?P<raw>[^/]*)$", api.request_not_found),
     path("", include("django_prometheus.urls")),
 ]
 

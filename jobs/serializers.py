@@ -33,6 +33,15 @@ class StrictFloatField(serializers.FloatField):
         return super().to_internal_value(data)
 
 
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID written as a string: DRF would otherwise read 1 or true as UUID(int=1)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
 def _int(lo: int, hi: int, **kwargs) -> StrictIntegerField:
     return StrictIntegerField(min_value=lo, max_value=hi, **kwargs)
 
@@ -90,7 +99,7 @@ class TextAsyncInput(serializers.Serializer):
     prompt = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
     params = TextParamsInput(required=False)
     models = serializers.ListField(child=StrictCharField(max_length=255), max_length=200, default=list)
-    workers = serializers.ListField(child=serializers.UUIDField(), max_length=5, default=list)
+    workers = serializers.ListField(child=StrictUUIDField(), max_length=5, default=list)
     trusted_workers = StrictBooleanField(default=False)
     slow_workers = StrictBooleanField(default=True)
     dry_run = StrictBooleanField(default=False)
@@ -162,7 +171,7 @@ class PopOutput(serializers.Serializer):
 
 
 class SubmitInput(serializers.Serializer):
-    id = serializers.UUIDField()
+    id = StrictUUIDField()
     generation = StrictCharField(allow_blank=True, trim_whitespace=False, default="")
     state = serializers.ChoiceField(choices=["ok", "censored", "faulted", "csam"], default="ok")
     seed = _int(-(2**63), 2**63 - 1, default=0)

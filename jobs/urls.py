@@ -1,10 +1,13 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from jobs import views
 
 urlpatterns = [
     path("generate/text/async", views.TextAsyncView.as_view(), name="text-async"),
-    path("generate/text/status/<uuid:request_id>", views.TextStatusView.as_view(), name="text-status"),
+    # Any segment, even empty: a malformed id is an unknown request (RequestNotFound).
+    re_path(
+        r"^generate/text/status/(?P<request_id>[^/]*)$", views.TextStatusView.as_view(), name="text-status"
+    ),
     path("generate/text/pop", views.TextPopView.as_view(), name="text-pop"),
     path("generate/text/submit", views.TextSubmitView.as_view(), name="text-submit"),
 ]

@@ -3,6 +3,7 @@
 from uuid import UUID
 
 from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -57,24 +58,39 @@ class TextAsyncView(APIView):
         return Response({"id": text_request.id, "kudos": kudos}, status=202)
 
 
+def _request_id(raw: str) -> UUID:
+    # Parsed here rather than by the URL converter, which only matches lowercase UUIDs.
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise errors.RequestNotFound() from None
+
+
+REQUEST_ID = OpenApiParameter("request_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+
+
 class TextStatusView(APIView):
-    def _get_request(self, request_id: UUID) -> TextRequest:
-        text_request = TextRequest.objects.filter(pk=request_id).first()
+    def _get_request(self, request_id: str) -> TextRequest:
+        text_request = TextRequest.objects.filter(pk=_request_id(request_id)).first()
         if text_request is None:
             raise errors.RequestNotFound()
         return text_request
 
     @extend_schema(
-        operation_id="text_status", responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput}
+        operation_id="text_status",
+        parameters=[REQUEST_ID],
+        responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput},
     )
-    def get(self, request: Request, request_id: UUID) -> Response:
+    def get(self, request: Request, request_id: str) -> Response:
         return Response(request_status(self._get_request(request_id), now=clock.now()))
 
     @extend_schema(
-        operation_id="text_cancel", responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput}
+        operation_id="text_cancel",
+        parameters=[REQUEST_ID],
+        responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput},
     )
-    def delete(self, request: Request, request_id: UUID) -> Response:
-        text_request = services.cancel_request(request_id=request_id)
+    def delete(self, request: Request, request_id: str) -> Response:
+        text_request = services.cancel_request(request_id=_request_id(request_id))
         return Response(request_status(text_request, now=clock.now()))
 
 

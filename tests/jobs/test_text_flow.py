@@ -153,3 +153,11 @@ def test_dry_run_answers_kudos_and_queues_nothing(requester, owner):
     assert answer.status_code == 200
     assert answer.json()["kudos"] > 0
     assert not TextRequest.objects.exists()
+
+
+def test_the_status_route_accepts_an_uppercase_id(requester, owner):
+    owner.pop("w")
+    request_id = requester.request_text(models=["m1"]).json()["id"]
+    answer = requester.status(request_id.upper())
+    assert answer.status_code == 200
+    assert answer.json()["waiting"] == 1
