@@ -2,7 +2,6 @@
 
 import logging
 import os
-from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions
@@ -11,6 +10,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.core.handlers.asgi import ASGIRequest
 from django.db import DatabaseError, DataError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.deprecation import MiddlewareMixin
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
@@ -77,7 +77,16 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
 
 
 def _is_api_path(path: str) -> bool:
-    return path.startswith("/api/")
+    return path.startswith(("/api/", "/v1/"))
+
+
+def error_response_for_path(path: str, err: errors.DomainError) -> HttpResponse:
+    """A domain error in the error shape of the API family that serves `path`."""
+    if path.startswith("/v1/"):
+        from jobs.protocols import protocol_for_path
+
+        return protocol_for_path(path).error_response(err)
+    return JsonResponse({"message": err.message, "rc": err.code}, status=err.status)
 
 
 def _unannounced_body_length(request: HttpRequest) -> int:
@@ -96,31 +105,27 @@ def _unannounced_body_length(request: HttpRequest) -> int:
     return size or 0
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(MiddlewareMixin):
     """Refuse bodies over the limit before anything reads them."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        if not _is_api_path(request.path):
+            return None
         declared = request.META.get("CONTENT_LENGTH") or ""
         try:
             length = int(declared) if declared else 0
         except ValueError:
             length = -1
         if length < 0:
-            return JsonResponse(
-                {"message": "Content-Length is not a number.", "rc": "BadRequest"}, status=400
-            )
-        if not declared and _is_api_path(request.path):
+            return error_response_for_path(request.path, errors.BadRequest("Content-Length is not a number."))
+        if not declared:
             length = _unannounced_body_length(request)
             if 0 < length <= settings.MAX_REQUEST_BODY_BYTES:
                 # DRF reads no body without a Content-Length: give it the spooled body's size.
                 request.META["CONTENT_LENGTH"] = str(length)
-        if length > settings.MAX_REQUEST_BODY_BYTES and _is_api_path(request.path):
-            err = errors.PayloadTooLarge()
-            return JsonResponse({"message": err.message, "rc": err.code}, status=err.status)
-        return self.get_response(request)
+        if length > settings.MAX_REQUEST_BODY_BYTES:
+            return error_response_for_path(request.path, errors.PayloadTooLarge())
+        return None
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -111,7 +111,48 @@ class GenerationCancelled(DomainError):
     )
 
 
+class MethodNotAllowed(DomainError):
+    code = "MethodNotAllowed"
+    status = 405
+    default_message = "This route does not serve that method."
+
+
+class ProgressOutOfOrder(DomainError):
+    code = "ProgressOutOfOrder"
+    status = 409
+    default_message = "This progress post skips a seq."
+
+
 class ServiceUnavailable(DomainError):
     code = "ServiceUnavailable"
     status = 503
     default_message = "The horde cannot reach its database or Redis right now."
+
+
+class ProtocolValidationError(DomainError):
+    """A chat request body that does not validate; `param` names the field."""
+
+    code = "ValidationError"
+    openai_code = "invalid_request"
+
+    def __init__(self, message: str | None = None, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ReplyFailed(DomainError):
+    """A chat request that ended without a reply; `openai_code` says why."""
+
+    code = "ReplyFailed"
+    status = 502
+    REASONS = {
+        "generation_aborted": (502, "The worker stopped delivering this reply and its lease lapsed."),
+        "too_many_restarts": (502, "Every worker that took this request dropped it."),
+        "request_expired": (504, "No worker finished this request within its lifetime."),
+        "cancelled": (409, "This request was cancelled."),
+    }
+
+    def __init__(self, reason: str) -> None:
+        self.status, message = self.REASONS.get(reason, (502, "The request failed."))
+        self.openai_code = reason
+        super().__init__(message)

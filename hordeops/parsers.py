@@ -55,28 +55,32 @@ def _check(data: Any) -> None:
                 pending.extend((item, depth + 1) for item in value)
 
 
+def loads_strict(raw: bytes) -> Any:
+    """Parse a request body as UTF-8 JSON, refusing NUL bytes anywhere (raw or escaped)."""
+    if b"\x00" in raw:
+        raise errors.NulByteInPayload()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise errors.InvalidJSON("The body is not valid UTF-8.") from None
+    try:
+        data = (
+            json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+            if text.strip()
+            else {}
+        )
+    except RecursionError:
+        raise errors.InvalidJSON(f"The body nests deeper than {MAX_JSON_DEPTH} levels.") from None
+    except ValueError:
+        raise errors.InvalidJSON() from None
+    _check(data)
+    return data
+
+
 class StrictJSONParser(BaseParser):
-    """Parse UTF-8 JSON, refusing NUL bytes anywhere (raw or escaped)."""
+    """DRF's parser for every horde route: `loads_strict`."""
 
     media_type = "application/json"
 
     def parse(self, stream, media_type=None, parser_context=None) -> Any:
-        raw = stream.read() if stream is not None else b""
-        if b"\x00" in raw:
-            raise errors.NulByteInPayload()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise errors.InvalidJSON("The body is not valid UTF-8.") from None
-        try:
-            data = (
-                json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-                if text.strip()
-                else {}
-            )
-        except RecursionError:
-            raise errors.InvalidJSON(f"The body nests deeper than {MAX_JSON_DEPTH} levels.") from None
-        except ValueError:
-            raise errors.InvalidJSON() from None
-        _check(data)
-        return data
+        return loads_strict(stream.read() if stream is not None else b"")

@@ -4,11 +4,13 @@ from drf_spectacular.views import SpectacularAPIView
 
 from hordeops import api
 from hordeops.views import HeartbeatView
+from jobs import chat
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v2/", include("jobs.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
+    path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("", include("django_prometheus.urls")),
 ]

@@ -83,6 +83,9 @@ class TextRequest(models.Model):
     restarts = models.PositiveSmallIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
+    # The generation whose output was committed to a streaming requester. Once set, an
+    # abort faults the request instead of restarting it: there is no fallback after commit.
+    stream_generation = models.UUIDField(null=True, blank=True)
 
     objects = TextRequestQuerySet.as_manager()
 
@@ -153,6 +156,7 @@ class Generation(models.Model):
     job_ttl = models.PositiveIntegerField()
     cap_seconds = models.PositiveIntegerField()
     trusted_at_pop = models.BooleanField(default=False)
+    renewals = models.PositiveIntegerField(default=0)
     finished_at = models.DateTimeField(null=True, blank=True)
     text = models.TextField(null=True, blank=True)
     result = models.CharField(max_length=10, choices=Result.choices, blank=True, default="")

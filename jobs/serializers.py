@@ -178,6 +178,19 @@ class SubmitInput(serializers.Serializer):
     gen_metadata = serializers.ListField(child=serializers.DictField(), max_length=50, default=list)
 
 
+class ProgressInput(serializers.Serializer):
+    id = StrictUUIDField()
+    seq = _int(1, 10_000_000)
+    delta = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
+    tokens = _int(0, 10_000_000, required=False, allow_null=True)
+
+
+class ProgressOutput(serializers.Serializer):
+    lease = serializers.ChoiceField(choices=["granted", "at_cap", "not_renewed", "lapsed"])
+    expires_at = serializers.DateTimeField()
+    ttl = serializers.IntegerField()
+
+
 class SubmitOutput(serializers.Serializer):
     reward = serializers.FloatField()
 

@@ -13,9 +13,10 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, Exists, F, Value, When
 
 from hordeops import clock, errors, metrics
+from jobs import leases, relay
 from jobs.models import Generation, TextRequest
 from workers.models import Account, Worker
 
@@ -23,6 +24,14 @@ logger = logging.getLogger(__name__)
 
 # pg_advisory_xact_lock key: one stale pass at a time across every Celery worker.
 STALE_PASS_LOCK_KEY = 0x686F726465  # "horde"
+STATES = {
+    "active": TextRequest.State.ACTIVE,
+    "expired": TextRequest.State.EXPIRED,
+    "faulted": TextRequest.State.FAULTED,
+    "processing": Generation.State.PROCESSING,
+    "aborted": Generation.State.ABORTED,
+    "cancelled": Generation.State.CANCELLED,
+}
 MAINTENANCE_REASON = (
     "Maintenance mode activated because worker is dropping too many jobs. "
     "Please investigate its speed and stability before leaving maintenance."
@@ -91,6 +100,58 @@ def create_text_request(
     return request, kudos
 
 
+def render_chat_prompt(messages: list[dict[str, str]]) -> str:
+    """The chat as one ChatML prompt, for workers that take a prompt rather than messages."""
+    turns = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+    return "".join(turns) + "<|im_start|>assistant\n"
+
+
+def create_chat_request(
+    *,
+    account: Account,
+    model: str,
+    messages: list[dict[str, str]],
+    max_length: int,
+    params: dict[str, Any],
+    now: datetime | None = None,
+) -> TextRequest:
+    """Queue a chat job for one reply of at most `max_length` tokens from `model`."""
+    now = now or clock.now()
+    if not Worker.objects.filter(served_models__overlap=[model]).exists():
+        raise errors.UnknownModel(f"No worker serves the model {model!r}.")
+    prompt = render_chat_prompt(messages)
+    return TextRequest.objects.create(
+        account=account,
+        kind=TextRequest.Kind.CHAT,
+        prompt=prompt,
+        messages=messages,
+        params=params,
+        max_length=max_length,
+        # The worker must hold the prompt and the whole reply in its context.
+        max_context_length=estimate_tokens(prompt, 1 << 30) + max_length,
+        requested_models=[model],
+        n=1,
+        queued=1,
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS),
+    )
+
+
+def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:
+    """Commit the request's stream to one generation's output, if it is still running.
+
+    From here on an abort faults the request instead of restarting it. The update and the
+    stale pass's restart both write the request row, so exactly one of them wins.
+    """
+    running = Generation.objects.filter(pk=generation_id, state=Generation.State.PROCESSING)
+    committed = (
+        TextRequest.objects.filter(pk=request_id, state=TextRequest.State.ACTIVE, stream_generation=None)
+        .filter(Exists(running))
+        .update(stream_generation=generation_id)
+    )
+    return committed == 1
+
+
 def cancel_request(*, request_id: UUID, now: datetime | None = None) -> TextRequest:
     """Drop the request's queued work and cancel its running generations."""
     now = now or clock.now()
@@ -102,8 +163,19 @@ def cancel_request(*, request_id: UUID, now: datetime | None = None) -> TextRequ
             request.state = TextRequest.State.CANCELLED
             request.queued = 0
             request.save(update_fields=["state", "queued"])
-            request.generations.processing().update(state=Generation.State.CANCELLED, finished_at=now)
+            running = list(request.generations.processing().values_list("pk", flat=True))
+            Generation.objects.filter(pk__in=running).update(
+                state=Generation.State.CANCELLED, finished_at=now
+            )
+            failures = [(request.pk, "cancelled")] if request.kind == TextRequest.Kind.CHAT else []
+            transaction.on_commit(lambda: _end_streams(failures, running))
     return request
+
+
+def _end_streams(failures: list[tuple[UUID, str]], dead_generations: list[UUID]) -> None:
+    """Tell waiting requesters their requests ended, and kill the generations' leases."""
+    leases.kill(dead_generations)
+    relay.publish_many([(request_id, relay.FAILED, "", {"code": code}) for request_id, code in failures])
 
 
 # --- Pop ---------------------------------------------------------------------------------------
@@ -213,6 +285,77 @@ def _refusal(generation_id: UUID) -> errors.DomainError:
     )
 
 
+@dataclass(frozen=True)
+class ProgressResult:
+    lease: str  # granted, at_cap, not_renewed or lapsed
+    expires_at: datetime
+    ttl: int  # whole seconds left
+
+
+def record_progress(
+    *,
+    account: Account,
+    generation_id: UUID,
+    seq: int,
+    delta: str,
+    tokens: int | None,
+    now: datetime | None = None,
+) -> ProgressResult:
+    """Relay a chat worker's new output and renew its lease when the output is new.
+
+    The Lua script decides and relays atomically in Redis; a granted renewal is then written
+    to the generation row as its new job_ttl, which is what the stale pass reads. If the pass
+    aborted the generation in between, the write finds it gone: the lease is killed and the
+    worker told, so that no generation is ever aborted with a live stream lease.
+    """
+    now = now or clock.now()
+    generation = Generation.objects.select_related("worker", "request").filter(pk=generation_id).first()
+    if generation is None:
+        raise errors.InvalidJobID()
+    if generation.worker.account_id != account.id:
+        raise errors.WrongCredentials()
+    if generation.state != Generation.State.PROCESSING:
+        raise _refusal(generation.pk)
+    if generation.request.kind != TextRequest.Kind.CHAT:
+        raise errors.BadRequest("Progress posts are for chat jobs; a text job keeps its flat lease.")
+    renewal = leases.renew(
+        generation_id=generation.pk,
+        request_id=generation.request_id,
+        popped_at=generation.popped_at,
+        job_ttl=generation.job_ttl,
+        cap_seconds=generation.cap_seconds,
+        trusted=generation.trusted_at_pop,
+        seq=seq,
+        delta=delta,
+        tokens=tokens,
+        now=now,
+    )
+    outcome = renewal.outcome
+    if outcome == "dead":
+        raise _refusal(generation.pk)
+    if outcome == "gap":
+        raise errors.ProgressOutOfOrder(
+            f"Progress seq {seq} skips ahead: the last accepted seq is {renewal.last_seq}."
+        )
+    if outcome == "granted":
+        # Whole seconds, never short of the Redis lease end nor past the cap.
+        seconds = round(renewal.lease_end - generation.popped_at.timestamp(), 3)
+        job_ttl = min(generation.cap_seconds, math.ceil(seconds))
+        written = Generation.objects.filter(pk=generation.pk, state=Generation.State.PROCESSING).update(
+            job_ttl=job_ttl, renewals=F("renewals") + 1
+        )
+        if not written:
+            leases.kill([generation.pk])
+            raise _refusal(generation.pk)
+    if outcome == "retry":
+        outcome = "lapsed" if now.timestamp() > renewal.lease_end else "not_renewed"
+    return ProgressResult(
+        lease=outcome,
+        expires_at=renewal.expires_at,
+        ttl=max(0, math.floor(renewal.lease_end - now.timestamp())),
+    )
+
+
 def submit_generation(
     *,
     account: Account,
@@ -234,7 +377,12 @@ def submit_generation(
         _give_back(generation, now)
         return 0.0
 
-    tokens = estimate_tokens(text, generation.request.max_length)
+    text_request = generation.request
+    tokens = estimate_tokens(text, text_request.max_length)
+    if text_request.kind == TextRequest.Kind.CHAT:
+        # A streaming worker's own running count beats the four-characters estimate.
+        reported = leases.state(generation.pk).get("tokens")
+        tokens = int(reported) if reported else tokens
     elapsed = max((now - generation.popped_at).total_seconds(), 0.001)
     reward = round(tokens / 10, 2)
     with transaction.atomic():
@@ -265,7 +413,17 @@ def submit_generation(
             ),
         )
         _record_speed(generation.worker_id, tokens / elapsed)
+        if text_request.kind == TextRequest.Kind.CHAT:
+            finish = "length" if tokens >= text_request.max_length else "stop"
+            transaction.on_commit(
+                lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish)
+            )
     return reward
+
+
+def _relay_done(request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str) -> None:
+    leases.kill([generation_id])
+    relay.publish(request_id, relay.DONE, generation_id, text=text, tokens=tokens, finish_reason=finish)
 
 
 def _record_speed(worker_id: UUID, sample: float) -> None:
@@ -296,8 +454,9 @@ def _give_back(generation: Generation, now: datetime) -> None:
         )
         if not given_back:
             raise _refusal(generation.pk)
-        _restart_requests(Tally([generation.request_id]))
+        outcomes = _restart_requests(Tally([generation.request_id]))
         _count_aborts(Tally([generation.worker_id]), now)
+        transaction.on_commit(lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)]))
 
 
 # --- The stale pass ----------------------------------------------------------------------------
@@ -325,31 +484,55 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [STALE_PASS_LOCK_KEY])
             if not cursor.fetchone()[0]:
                 return StalePassResult(ran=False)
-        lapsed = TextRequest.objects.lapsed(now)
-        result.cancelled_by_expiry = (
-            Generation.objects.processing()
-            .filter(request__in=lapsed)
-            .update(state=Generation.State.CANCELLED, finished_at=now)
-        )
-        result.expired_requests = lapsed.update(state=TextRequest.State.EXPIRED, queued=0)
-
         with connection.cursor() as cursor:
+            # Requests past their lifetime: cancel their running generations, then expire them.
+            cursor.execute(
+                f"""
+                UPDATE {Generation._meta.db_table} AS g SET state = %(cancelled)s, finished_at = %(now)s
+                FROM {TextRequest._meta.db_table} AS r
+                WHERE g.request_id = r.id AND g.state = %(processing)s
+                  AND r.state = %(active)s AND r.expires_at <= %(now)s
+                RETURNING g.id
+                """,
+                {**STATES, "now": now},
+            )
+            cancelled = [row[0] for row in cursor.fetchall()]
+            cursor.execute(
+                f"""
+                UPDATE {TextRequest._meta.db_table} SET state = %(expired)s, queued = 0
+                WHERE state = %(active)s AND expires_at <= %(now)s
+                RETURNING id, kind
+                """,
+                {**STATES, "now": now},
+            )
+            expired = cursor.fetchall()
             cursor.execute(
                 f"""
                 UPDATE {Generation._meta.db_table} SET state = %(aborted)s, finished_at = %(now)s
                 WHERE state = %(processing)s
                   AND popped_at + interval '1 second' * job_ttl < %(now)s
-                RETURNING request_id, worker_id, trusted_at_pop
+                RETURNING id, request_id, worker_id, trusted_at_pop
                 """,
-                {"aborted": Generation.State.ABORTED, "processing": Generation.State.PROCESSING, "now": now},
+                {**STATES, "now": now},
             )
             rows = cursor.fetchall()
+        result.cancelled_by_expiry = len(cancelled)
+        result.expired_requests = len(expired)
+        expired_chats = [request_id for request_id, kind in expired if kind == TextRequest.Kind.CHAT]
         result.aborted = len(rows)
+        outcomes: list[tuple[UUID, str, bool]] = []
         if rows:
-            _restart_requests(Tally(row[0] for row in rows))
-            result.maintenance = _count_aborts(Tally(row[1] for row in rows), now)
-            by_trust = Tally(metrics.trust_label(row[2]) for row in rows)
-            transaction.on_commit(lambda: _count_stale_aborts(by_trust))
+            outcomes = _restart_requests(Tally(row[1] for row in rows))
+            result.maintenance = _count_aborts(Tally(row[2] for row in rows), now)
+        by_trust = Tally(metrics.trust_label(row[3]) for row in rows)
+        aborted = [(row[1], row[0]) for row in rows]
+
+        def after_commit() -> None:
+            _count_stale_aborts(by_trust)
+            _end_streams([(request_id, "request_expired") for request_id in expired_chats], cancelled)
+            _relay_restarts(outcomes, aborted)
+
+        transaction.on_commit(after_commit)
     if result.aborted or result.expired_requests:
         logger.info(
             "stale pass: aborted %d generations, expired %d requests, %d workers into maintenance",
@@ -362,32 +545,51 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
 
 def _count_stale_aborts(by_trust: Tally) -> None:
     for trust, count in by_trust.items():
-        metrics.stale_aborts.labels(trust=trust).inc(count)
+        metrics.increment(metrics.STALE_ABORTS, trust, amount=count)
 
 
-def _restart_requests(counts: Tally) -> None:
-    """Give aborted jobs back to their requests, or fault a request past its restarts."""
-    ids, added = zip(*counts.items(), strict=False)
+def _restart_requests(counts: Tally) -> list[tuple[UUID, str, bool, str]]:
+    """Give aborted jobs back to their requests, or fault a request past its restarts.
+
+    A request whose stream was committed to a requester faults at once: there is no
+    fallback after commit. Returns (request id, state now, committed, kind) for each request.
+    """
+    ids, added = zip(*counts.items(), strict=True)
+    fault = "r.state = %(active)s AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {TextRequest._meta.db_table} AS r SET
               restarts = r.restarts + v.added,
-              queued = CASE WHEN r.state = %(active)s AND r.restarts + v.added < %(max)s
-                            THEN r.queued + v.added ELSE 0 END,
-              state = CASE WHEN r.state = %(active)s AND r.restarts + v.added >= %(max)s
-                           THEN %(faulted)s ELSE r.state END
+              queued = CASE WHEN r.state = %(active)s AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
+              state = CASE WHEN {fault} THEN %(faulted)s ELSE r.state END
             FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
             WHERE r.id = v.id
+            RETURNING r.id, r.state, r.stream_generation IS NOT NULL, r.kind
             """,
-            {
-                "ids": list(ids),
-                "added": list(added),
-                "active": TextRequest.State.ACTIVE,
-                "faulted": TextRequest.State.FAULTED,
-                "max": settings.TEXT_REQUEST_MAX_RESTARTS,
-            },
+            {**STATES, "ids": list(ids), "added": list(added), "max": settings.TEXT_REQUEST_MAX_RESTARTS},
         )
+        return cursor.fetchall()
+
+
+def _relay_restarts(outcomes: list[tuple[UUID, str, bool, str]], aborted: list[tuple[UUID, UUID]]) -> None:
+    """Kill the aborted generations' leases and tell each waiting chat requester what happened."""
+    leases.kill([generation_id for _, generation_id in aborted])
+    chats = {
+        request_id: (state, committed)
+        for request_id, state, committed, kind in outcomes
+        if kind == TextRequest.Kind.CHAT
+    }
+    events = []
+    for request_id, generation_id in aborted:
+        if request_id not in chats:
+            continue
+        state, committed = chats[request_id]
+        events.append((request_id, relay.RESTARTED, str(generation_id), {}))
+        if state == TextRequest.State.FAULTED:
+            code = "generation_aborted" if committed else "too_many_restarts"
+            events.append((request_id, relay.FAILED, str(generation_id), {"code": code}))
+    relay.publish_many(events)
 
 
 def _count_aborts(counts: Tally, now: datetime) -> list[str]:

@@ -9,5 +9,6 @@ urlpatterns = [
         r"^generate/text/status/(?P<request_id>[^/]*)$", views.TextStatusView.as_view(), name="text-status"
     ),
     path("generate/text/pop", views.TextPopView.as_view(), name="text-pop"),
+    path("generate/text/progress", views.TextProgressView.as_view(), name="text-progress"),
     path("generate/text/submit", views.TextSubmitView.as_view(), name="text-submit"),
 ]

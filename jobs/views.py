@@ -118,6 +118,8 @@ def _pop_answer(job: services.PoppedJob | None) -> dict:
         "max_length": text_request.max_length,
         "max_context_length": text_request.max_context_length,
     }
+    if text_request.kind == TextRequest.Kind.CHAT:
+        payload["messages"] = text_request.messages
     return {
         "payload": payload,
         "id": first.id,
@@ -160,6 +162,26 @@ class TextPopView(APIView):
             amount=data["amount"],
         )
         return Response(s.PopOutput(_pop_answer(job)).data)
+
+
+class TextProgressView(APIView):
+    @extend_schema(
+        operation_id="text_progress",
+        parameters=[APIKEY],
+        request=s.ProgressInput,
+        responses={200: s.ProgressOutput, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        account = _account(request)
+        data = _validated(s.ProgressInput, request)
+        result = services.record_progress(
+            account=account,
+            generation_id=data["id"],
+            seq=data["seq"],
+            delta=data["delta"],
+            tokens=data.get("tokens"),
+        )
+        return Response(s.ProgressOutput(result).data)
 
 
 class TextSubmitView(APIView):

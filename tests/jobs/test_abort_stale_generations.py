@@ -174,7 +174,7 @@ def test_the_pass_aborts_many_generations_in_a_fixed_number_of_queries(
 
 
 def _stale_aborts() -> dict[str, float]:
-    return {t: metrics.stale_aborts.labels(trust=t)._value.get() for t in metrics.TRUST_LABELS}
+    return {t: metrics.value(metrics.STALE_ABORTS, t) for t in metrics.TRUST_LABELS}
 
 
 def test_stale_aborts_are_counted_by_trust_once_the_pass_commits(

@@ -1,0 +1,189 @@
+"""The relay core of the chat routes: one async flow for every client protocol.
+
+A chat request becomes a chat job; the view then waits on the request's Redis relay stream
+(never polling the database) for the worker's output. Streamed, the response is committed to
+the first generation that delivers output: from then on an abort ends the stream with the
+protocol's error event instead of a restart. A client that goes away cancels its request.
+"""
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from uuid import UUID
+
+import redis.exceptions
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, connection
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from hordeops import errors
+from hordeops.parsers import loads_strict
+from jobs import relay, services
+from jobs.models import TextRequest
+from jobs.protocols import PROTOCOLS, ChatCall, OpenAIChat, Reply, Usage
+from workers.models import Account
+from workers.services import authenticate
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Output:
+    """The next thing the requester must be told."""
+
+    kind: str  # delta, done or failed
+    text: str = ""
+    tokens: int = 0
+    finish_reason: str = "stop"
+    reason: str = ""
+
+
+class RequestRelay:
+    """Follows one request's relay stream on behalf of one requester."""
+
+    def __init__(self, text_request: TextRequest, *, stream: bool) -> None:
+        self.request_id = text_request.id
+        self.stream = stream
+        self.generation: str | None = None  # the generation the stream is committed to
+        self._events: AsyncIterator[relay.Event] = relay.events(text_request.id)
+
+    async def next_output(self) -> Output:
+        async for event in self._events:
+            if event.type == "delta":
+                if not self.stream or not event.text:
+                    continue
+                if self.generation is None:
+                    committed = await sync_to_async(services.commit_stream)(
+                        request_id=self.request_id, generation_id=UUID(event.generation)
+                    )
+                    if not committed:
+                        continue  # aborted meanwhile: its job is restarting
+                    self.generation = event.generation
+                if event.generation == self.generation:
+                    return Output("delta", text=event.text)
+            elif event.type == relay.DONE:
+                if self.generation in (None, event.generation):
+                    return Output(
+                        "done",
+                        text=event.text,
+                        tokens=int(event.fields.get("tokens", 0)),
+                        finish_reason=event.fields.get("finish_reason", "stop"),
+                    )
+            elif event.type == relay.FAILED:
+                return Output("failed", reason=event.fields.get("code", ""))
+            # relay.RESTARTED: keep waiting; a failure follows if the request ended.
+        raise errors.ServiceUnavailable()
+
+    async def close(self) -> None:
+        await self._events.aclose()
+
+
+def _abandon(request_id: UUID) -> None:
+    """The requester went away: cancel its request so that no worker serves nobody."""
+    try:
+        services.cancel_request(request_id=request_id)
+    except Exception:
+        logger.exception("could not cancel an abandoned chat request")
+    finally:
+        connection.close()  # this ran on a pool thread of its own
+
+
+def _api_key(request: HttpRequest) -> str | None:
+    authorization = request.headers.get("authorization", "")
+    if authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def _start(request: HttpRequest, protocol: OpenAIChat) -> tuple[ChatCall, TextRequest]:
+    """Authenticate, parse and queue: the synchronous first phase of a chat request."""
+    account: Account = authenticate(api_key=_api_key(request))
+    call = protocol.parse(loads_strict(request.body))
+    text_request = services.create_chat_request(
+        account=account,
+        model=call.model,
+        messages=call.messages,
+        max_length=call.max_tokens,
+        params=call.params,
+    )
+    return call, text_request
+
+
+async def _serve(request: HttpRequest, protocol: OpenAIChat) -> HttpResponse:
+    if request.method != "POST":
+        return protocol.error_response(errors.MethodNotAllowed())
+    try:
+        call, text_request = await sync_to_async(_start)(request, protocol)
+    except errors.DomainError as err:
+        return protocol.error_response(err)
+    except (DatabaseError, redis.exceptions.RedisError):
+        logger.exception("chat request could not be queued")
+        return protocol.error_response(errors.ServiceUnavailable())
+
+    reply = Reply(id=protocol.reply_id(str(text_request.id)), model=call.model)
+    usage_prompt = math.ceil(len(text_request.prompt) / 4)
+    follower = RequestRelay(text_request, stream=call.stream)
+    try:
+        first = await follower.next_output()
+    except asyncio.CancelledError:
+        await follower.close()
+        await asyncio.shield(sync_to_async(_abandon, thread_sensitive=False)(text_request.id))
+        raise
+    except (redis.exceptions.RedisError, errors.ServiceUnavailable):
+        await follower.close()
+        return protocol.error_response(errors.ServiceUnavailable())
+
+    if first.kind == "failed":
+        await follower.close()
+        return protocol.error_response(errors.ReplyFailed(first.reason))
+    if not call.stream:
+        await follower.close()
+        usage = Usage(usage_prompt, first.tokens)
+        return JsonResponse(protocol.response(reply, first.text, first.finish_reason, usage))
+
+    async def events() -> AsyncIterator[str]:
+        sent: list[str] = []
+        output = first
+        finished = False
+        try:
+            for chunk in protocol.stream_start(reply):
+                yield chunk
+            while True:
+                if output.kind == "delta":
+                    sent.append(output.text)
+                    for chunk in protocol.stream_delta(reply, output.text):
+                        yield chunk
+                elif output.kind == "done":
+                    streamed = "".join(sent)
+                    rest = output.text[len(streamed) :] if output.text.startswith(streamed) else ""
+                    if rest:
+                        for chunk in protocol.stream_delta(reply, rest):
+                            yield chunk
+                    usage = Usage(usage_prompt, output.tokens)
+                    for chunk in protocol.stream_end(reply, output.finish_reason, usage):
+                        yield chunk
+                    finished = True
+                    return
+                else:
+                    for chunk in protocol.stream_error(reply, errors.ReplyFailed(output.reason)):
+                        yield chunk
+                    finished = True
+                    return
+                output = await follower.next_output()
+        finally:
+            await follower.close()
+            if not finished:
+                await asyncio.shield(sync_to_async(_abandon, thread_sensitive=False)(text_request.id))
+
+    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await _serve(request, PROTOCOLS[OpenAIChat.path])

@@ -1,0 +1,158 @@
+"""The stream lease of a generation, kept in Redis and decided by one Lua script.
+
+The lease hash holds the pop time, the lease end, the cap, the last progress `seq` and the
+length of the output relayed so far. One script checks the post's `seq`, relays its delta to
+the requester's relay stream and moves the lease end, all atomically: two posts at once can
+neither both renew nor interleave their deltas. The stale pass marks the leases it aborts
+`dead`, so that no later post can renew or relay for them.
+"""
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from uuid import UUID
+
+from django.conf import settings
+from django_redis import get_redis_connection
+
+from hordeops import metrics
+
+# KEYS: lease hash, relay stream, metrics hash.
+# ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
+#       key ttl, tokens.
+# Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
+# lapsed, retry, gap, dead.
+RENEW_SCRIPT = """
+local lease, relay, counters = KEYS[1], KEYS[2], KEYS[3]
+local now = tonumber(ARGV[1])
+local seq = tonumber(ARGV[2])
+local delta = ARGV[3]
+local step = tonumber(ARGV[4])
+local trust = ARGV[8]
+if redis.call('EXISTS', lease) == 0 then
+  redis.call('HSET', lease, 'popped_at', ARGV[5], 'lease_end', ARGV[6], 'cap_end', ARGV[7],
+             'last_seq', 0, 'output_len', 0)
+  redis.call('EXPIRE', lease, tonumber(ARGV[10]))
+end
+local state = redis.call('HMGET', lease, 'dead', 'last_seq', 'lease_end', 'cap_end')
+local last, lease_end, cap_end = tonumber(state[2]), tonumber(state[3]), tonumber(state[4])
+if state[1] then
+  return {'dead', tostring(lease_end), last}
+end
+if seq <= last then
+  return {'retry', tostring(lease_end), last}
+end
+if seq > last + 1 then
+  return {'gap', tostring(lease_end), last}
+end
+redis.call('HSET', lease, 'last_seq', seq)
+if ARGV[11] ~= '' then
+  redis.call('HSET', lease, 'tokens', ARGV[11])
+end
+if delta == '' then
+  return {'not_renewed', tostring(lease_end), seq}
+end
+redis.call('HINCRBY', lease, 'output_len', string.len(delta))
+redis.call('XADD', relay, '*', 'type', 'delta', 'generation', ARGV[9], 'seq', seq, 'text', delta)
+redis.call('EXPIRE', relay, tonumber(ARGV[10]))
+if now > lease_end then
+  return {'lapsed', tostring(lease_end), seq}
+end
+local wanted = now + step
+if wanted > cap_end then
+  if lease_end >= cap_end then
+    redis.call('HINCRBY', counters, 'horde_text_lease_renewals|at_cap|' .. trust, 1)
+    return {'at_cap', tostring(lease_end), seq}
+  end
+  wanted = cap_end
+end
+redis.call('HSET', lease, 'lease_end', tostring(wanted))
+redis.call('HINCRBY', counters, 'horde_text_lease_renewals|granted|' .. trust, 1)
+return {'granted', tostring(wanted), seq}
+"""
+
+# Hours a lease or relay key outlives its cap, so that late posts still find it dead.
+KEY_GRACE_SECONDS = 3600
+
+
+def lease_key(generation_id: UUID) -> str:
+    return f"hordeops:lease:{generation_id}"
+
+
+def relay_key(request_id: UUID) -> str:
+    return f"hordeops:relay:{request_id}"
+
+
+def _redis():
+    return get_redis_connection("default")
+
+
+_script = None
+
+
+def _renew_script():
+    global _script
+    if _script is None:
+        _script = _redis().register_script(RENEW_SCRIPT)
+    return _script
+
+
+@dataclass(frozen=True)
+class Renewal:
+    outcome: str
+    lease_end: float
+    last_seq: int
+
+    @property
+    def expires_at(self) -> datetime:
+        return datetime.fromtimestamp(self.lease_end, tz=UTC)
+
+
+def renew(
+    *,
+    generation_id: UUID,
+    request_id: UUID,
+    popped_at: datetime,
+    job_ttl: int,
+    cap_seconds: int,
+    trusted: bool,
+    seq: int,
+    delta: str,
+    tokens: int | None,
+    now: datetime,
+) -> Renewal:
+    """Run the lease script for one progress post."""
+    popped = popped_at.timestamp()
+    outcome, lease_end, last_seq = _renew_script()(
+        keys=[lease_key(generation_id), relay_key(request_id), metrics.METRICS_KEY],
+        args=[
+            repr(now.timestamp()),
+            seq,
+            delta,
+            settings.TEXT_JOB_LEASE_SECONDS,
+            repr(popped),
+            repr(popped + job_ttl),
+            repr(popped + cap_seconds),
+            metrics.trust_label(trusted),
+            str(generation_id),
+            cap_seconds + KEY_GRACE_SECONDS,
+            "" if tokens is None else tokens,
+        ],
+    )
+    return Renewal(outcome=outcome.decode(), lease_end=float(lease_end), last_seq=int(last_seq))
+
+
+def kill(generation_ids: list[UUID]) -> None:
+    """Mark leases dead: no later post may renew them or relay through them."""
+    if not generation_ids:
+        return
+    pipe = _redis().pipeline(transaction=False)
+    for generation_id in generation_ids:
+        key = lease_key(generation_id)
+        pipe.hset(key, "dead", 1)
+        pipe.expire(key, KEY_GRACE_SECONDS)
+    pipe.execute()
+
+
+def state(generation_id: UUID) -> dict[str, str]:
+    """The lease hash as stored (empty before the first progress post)."""
+    return {k.decode(): v.decode() for k, v in _redis().hgetall(lease_key(generation_id)).items()}
