@@ -78,3 +78,30 @@ def owner(make_caller) -> Caller:
 @pytest.fixture
 def trusted_owner(make_caller) -> Caller:
     return make_caller("trusted-owner", trusted=True)
+
+
+@pytest.fixture
+def chat_job(requester):
+    """Queue a chat request and pop it as a chat worker of `owner`; return the pop answer."""
+    from jobs.services import create_chat_request
+
+    def make(owner: Caller, worker: str = "chat-worker", *, max_length: int = 1024) -> dict:
+        owner.pop(worker, models=["chat-model"], chat=True, max_length=16384, max_context_length=32768)
+        create_chat_request(
+            account=requester.account,
+            model="chat-model",
+            messages=[{"role": "user", "content": "Tell me a long story."}],
+            max_length=max_length,
+            params={},
+        )
+        job = owner.pop(worker, models=["chat-model"], chat=True, max_length=16384, max_context_length=32768)
+        assert job.status_code == 200 and job.json()["id"], job.content
+        return job.json()
+
+    return make
+
+
+def progress(caller: Caller, generation_id: str, seq: int, delta: str = "more words ", **body: Any):
+    return caller.post(
+        "/api/v2/generate/text/progress", {"id": str(generation_id), "seq": seq, "delta": delta, **body}
+    )

@@ -1,0 +1,212 @@
+"""The stream lease in Redis: its fields, its extension, and posts racing each other or the pass."""
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from django.utils import timezone
+from django_redis import get_redis_connection
+
+from hordeops import errors
+from jobs import leases
+from jobs.models import Generation, TextRequest
+from jobs.services import abort_stale_generations, record_progress, submit_generation
+from tests.conftest import progress
+
+T0 = "2026-06-01 08:00:00+00:00"
+
+
+def _deltas(generation: Generation) -> list[str]:
+    entries = get_redis_connection("default").xrange(leases.relay_key(generation.request_id))
+    return [fields[b"text"].decode() for _, fields in entries if fields[b"type"] == b"delta"]
+
+
+def test_the_first_post_creates_the_stream_lease_with_its_fields(chat_job, owner, time_machine):
+    time_machine.move_to(T0, tick=False)
+    job = chat_job(owner)
+    assert leases.state(job["id"]) == {}
+    time_machine.shift(5)
+    progress(owner, job["id"], 1, "abc", tokens=1)
+    pop = timezone.datetime.fromisoformat(T0).timestamp()
+    state = leases.state(job["id"])
+    assert float(state["popped_at"]) == pop
+    assert float(state["lease_end"]) == pop + 155
+    assert float(state["cap_end"]) == pop + 200
+    assert (state["last_seq"], state["output_len"], state["tokens"]) == ("1", "3", "1")
+    ttl = get_redis_connection("default").ttl(leases.lease_key(job["id"]))
+    assert 200 < ttl <= 200 + leases.KEY_GRACE_SECONDS
+
+
+def test_each_post_extends_the_lease_and_the_output(chat_job, trusted_owner, time_machine):
+    time_machine.move_to(T0, tick=False)
+    job = chat_job(trusted_owner)
+    pop = timezone.datetime.fromisoformat(T0).timestamp()
+    for seq, delta in enumerate(["one ", "two ", "three"], start=1):
+        time_machine.shift(40)
+        progress(trusted_owner, job["id"], seq, delta, tokens=seq * 2)
+        state = leases.state(job["id"])
+        assert float(state["lease_end"]) == pop + 40 * seq + 150
+        assert int(state["last_seq"]) == seq
+    assert (state["output_len"], state["tokens"]) == ("13", "6")
+    assert Generation.objects.get(pk=job["id"]).job_ttl == 270
+
+
+def _run_together(*targets) -> list[object]:
+    """Run callables in threads released at once; return what each returned or raised."""
+    start = threading.Barrier(len(targets))
+    results: list[object] = [None] * len(targets)
+
+    def run(index: int, target) -> None:
+        try:
+            start.wait()
+            results[index] = target()
+        except Exception as exc:  # returned for the test to inspect
+            results[index] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(targets)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_posts_with_the_same_seq_at_once_relay_once_and_renew_once(make_caller, chat_job):
+    owner = make_caller("owner", trusted=True)
+    for round_ in range(10):
+        job = chat_job(owner, f"w{round_}")
+        generation = Generation.objects.get(pk=job["id"])
+
+        def post(generation=generation):
+            return record_progress(
+                account=owner.account, generation_id=generation.pk, seq=1, delta="same words", tokens=2
+            ).lease
+
+        outcomes = _run_together(post, post)
+        assert sorted(outcomes) == ["granted", "not_renewed"], outcomes
+        assert _deltas(generation) == ["same words"]
+        assert Generation.objects.get(pk=generation.pk).renewals == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_renewal_racing_the_stale_pass_ends_renewed_and_alive_or_aborted_never_aborted_with_a_live_lease(
+    make_caller, chat_job
+):
+    owner = make_caller("owner", trusted=True)
+    outcomes = Counter()
+    for round_ in range(20):
+        job = chat_job(owner, f"w{round_}")
+        # The base lease ends half a second from now in the database and in Redis.
+        Generation.objects.filter(pk=job["id"]).update(popped_at=F("popped_at") - timedelta(seconds=149.5))
+        now = timezone.now()
+
+        def renew(job=job):
+            return record_progress(account=owner.account, generation_id=job["id"], seq=1, delta="x", tokens=1)
+
+        def stale_pass(now=now):
+            # The pass runs one second later: the database lease has lapsed by then.
+            return abort_stale_generations(now=now + timedelta(seconds=1))
+
+        renewal, _ = _run_together(renew, stale_pass)
+        generation = Generation.objects.get(pk=job["id"])
+        lease = leases.state(job["id"])
+        if generation.state == Generation.State.PROCESSING:
+            assert renewal.lease == "granted"
+            assert generation.job_ttl > 150
+            assert "dead" not in lease
+            outcomes["renewed"] += 1
+        else:
+            assert generation.state == Generation.State.ABORTED
+            assert isinstance(renewal, errors.AbortedGen), renewal
+            assert lease.get("dead") == "1"
+            outcomes["aborted"] += 1
+    assert sum(outcomes.values()) == 20
+    print("renewal vs pass:", dict(outcomes))
+
+
+def _stream_a_long_reply(owner, chat_job, time_machine, *, tokens: int, speed: int) -> tuple[str, object]:
+    """Stream `tokens` at `speed` tokens/s, posting every 10 s, with the stale pass every 60 s.
+
+    Returns the submit's outcome: its reward, or the error the worker got.
+    """
+    time_machine.move_to(T0, tick=False)
+    job = chat_job(owner, max_length=tokens)
+    generation_id = job["id"]
+    elapsed, produced, seq = 0, 0, 0
+    while produced < tokens:
+        time_machine.shift(10)
+        elapsed += 10
+        chunk = min(speed * 10, tokens - produced)
+        produced += chunk
+        seq += 1
+        answer = progress(owner, generation_id, seq, "x" * chunk * 4, tokens=produced)
+        if answer.status_code != 200:
+            return generation_id, answer.json()["rc"]
+        if elapsed % 60 == 0:
+            abort_stale_generations()
+    answer = owner.submit(generation_id, "x" * tokens * 4)
+    return generation_id, answer.json().get("rc", "accepted")
+
+
+def test_a_16384_token_reply_at_30_tokens_a_second_finishes_for_a_trusted_worker(
+    chat_job, trusted_owner, time_machine
+):
+    generation_id, outcome = _stream_a_long_reply(
+        trusted_owner, chat_job, time_machine, tokens=16384, speed=30
+    )
+    assert outcome == "accepted"
+    generation = Generation.objects.get(pk=generation_id)
+    assert generation.state == Generation.State.DONE
+    assert generation.tokens == 16384
+    assert generation.job_ttl == 600
+    assert TextRequest.objects.get(pk=generation.request_id).state == TextRequest.State.DONE
+
+
+def test_the_same_reply_from_an_untrusted_worker_is_aborted_at_its_cap(chat_job, owner, time_machine):
+    generation_id, outcome = _stream_a_long_reply(owner, chat_job, time_machine, tokens=16384, speed=30)
+    assert outcome == "AbortedGen"
+    generation = Generation.objects.get(pk=generation_id)
+    assert generation.state == Generation.State.ABORTED
+    assert generation.job_ttl == 200
+    assert generation.finished_at - generation.popped_at <= timedelta(seconds=200 + 60)
+
+
+def test_with_shrunken_settings_the_caps_scale_the_same_way(settings, chat_job, trusted_owner, time_machine):
+    settings.TEXT_JOB_LEASE_SECONDS = 15
+    settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS = 60
+    time_machine.move_to(T0, tick=False)
+    job = chat_job(trusted_owner)
+    assert job["ttl"] == 15
+    for seq in range(1, 6):  # posts every 10 s keep a 15 s lease alive up to the 60 s cap
+        time_machine.shift(10)
+        assert progress(trusted_owner, job["id"], seq).json()["lease"] == "granted"
+    time_machine.shift(10)
+    assert progress(trusted_owner, job["id"], 6).json()["lease"] == "at_cap"
+    time_machine.shift(1)
+    assert abort_stale_generations().aborted == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_racing_a_progress_post_keeps_the_submitted_text(make_caller, chat_job):
+    owner = make_caller("owner", trusted=True)
+    job = chat_job(owner)
+
+    def post():
+        return record_progress(
+            account=owner.account, generation_id=job["id"], seq=1, delta="partial", tokens=1
+        )
+
+    def submit():
+        return submit_generation(
+            account=owner.account, generation_id=job["id"], text="whole", state="ok", seed=0, gen_metadata=[]
+        )
+
+    _run_together(post, submit)
+    generation = Generation.objects.get(pk=job["id"])
+    assert (generation.state, generation.text) == (Generation.State.DONE, "whole")
