@@ -16,6 +16,7 @@ from django.db.models import F
 from hordeops.celery import app
 from jobs.models import Generation, TextRequest
 from jobs.tasks import abort_stale_generations_task
+from tests.hordeops.test_metrics import scrape
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +44,8 @@ def test_a_real_celery_worker_runs_the_stale_pass(make_caller):
     requester = make_caller("requester")
     owner = make_caller("owner")
     owner.pop("w")
+    aborts = ("horde_text_stale_aborts_total", (("trust", "untrusted"),))
+    before = scrape()[aborts]
     request_id = requester.request_text().json()["id"]
     generation_id = owner.pop("w").json()["id"]
     Generation.objects.filter(pk=generation_id).update(popped_at=F("popped_at") - timedelta(seconds=151))
@@ -92,3 +95,9 @@ def test_a_real_celery_worker_runs_the_stale_pass(make_caller):
     request = TextRequest.objects.get(pk=request_id)
     assert (request.queued, request.restarts) == (1, 1)
     assert "abort_stale_generations_task" in output
+    # Counted in the Celery worker's process (just after its commit), shown on this web
+    # process's /metrics.
+    deadline = time.monotonic() + 10
+    while scrape()[aborts] < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert scrape()[aborts] == before + 1

@@ -1,0 +1,34 @@
+"""`/metrics`: the horde's counters, every label set present, summed over every process."""
+
+from prometheus_client.parser import text_string_to_metric_families
+from rest_framework.test import APIClient
+
+from hordeops import metrics
+
+
+def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    answer = APIClient().get("/metrics")
+    assert answer.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(answer.content.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_every_horde_counter_is_exported_with_every_label_set_from_the_start(db):
+    samples = scrape()
+    for outcome in ("granted", "at_cap"):
+        for trust in ("trusted", "untrusted"):
+            key = ("horde_text_lease_renewals_total", (("outcome", outcome), ("trust", trust)))
+            assert key in samples
+    for trust in ("trusted", "untrusted"):
+        assert ("horde_text_stale_aborts_total", (("trust", trust),)) in samples
+    assert ("horde_pop_lease_capacity_limited_total", ()) in samples
+
+
+def test_a_count_made_anywhere_shows_on_the_scrape(db):
+    key = ("horde_text_stale_aborts_total", (("trust", "trusted"),))
+    before = scrape()[key]
+    metrics.increment(metrics.STALE_ABORTS, "trusted", amount=3)
+    assert scrape()[key] == before + 3
