@@ -1,0 +1,293 @@
+"""Live servers for tests that need real HTTP between separate processes.
+
+`live_stack` starts real uvicorn processes serving `hordeops.asgi:application` against the
+pytest test database and the test Redis, so that a requester on one process and a worker on
+another meet only through PostgreSQL and Redis, as they do in production. `ChatWorker` is a
+chat worker speaking the horde worker routes over HTTP; `Background` runs a call in a thread.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTUP_TIMEOUT_SECONDS = 30
+STOP_TIMEOUT_SECONDS = 10
+OUTPUT_TAIL_CHARS = 20_000
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(Exception):
+    """uvicorn could not bind the port it was given."""
+
+
+def database_url() -> str:
+    """The URL of the database the tests run on (the test database, once pytest-django made it)."""
+    db = connection.settings_dict
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    return f"postgres://{db['USER']}{password}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    process: subprocess.Popen
+    log: IO[str]
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-OUTPUT_TAIL_CHARS:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
+
+
+@dataclass
+class LiveStack:
+    servers: list[LiveServer] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    def output(self) -> str:
+        return "\n".join(
+            f"--- uvicorn at {server.url} (exit {server.process.poll()}) ---\n{server.output()}"
+            for server in self.servers
+        )
+
+    def assert_alive(self) -> None:
+        dead = [server.url for server in self.servers if server.process.poll() is not None]
+        assert not dead, f"live servers exited: {dead}\n{self.output()}"
+
+
+def _start_server(env: dict[str, str]) -> LiveServer:
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "hordeops.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--lifespan",
+            "off",
+            "--timeout-graceful-shutdown",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return LiveServer(url=f"http://127.0.0.1:{port}", process=process, log=log)
+
+
+def _wait_until_up(server: LiveServer, deadline: float) -> None:
+    with httpx.Client(timeout=2) as client:
+        while True:
+            if server.process.poll() is not None:
+                output = server.output()
+                if "address already in use" in output.lower():
+                    raise PortTaken(server.url)
+                raise RuntimeError(f"uvicorn exited with {server.process.returncode}:\n{output}")
+            try:
+                if client.get(f"{server.url}/api/v2/status/heartbeat").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"uvicorn at {server.url} did not answer its heartbeat:\n{server.output()}"
+                )
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveStack]:
+    """N uvicorn processes (2 unless parametrized indirectly) on the test database and Redis."""
+    count = getattr(request, "param", 2)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": settings.REDIS_URL,
+        "PYTHONUNBUFFERED": "1",
+    }
+    failed_before = request.session.testsfailed
+    stack = LiveStack()
+    try:
+        stack.servers = [_start_server(env) for _ in range(count)]
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        for index in range(count):
+            for _attempt in range(PORT_ATTEMPTS):
+                try:
+                    _wait_until_up(stack.servers[index], deadline)
+                    break
+                except PortTaken:
+                    # Another process took the free port between our probe and uvicorn's bind.
+                    stack.servers[index].log.close()
+                    stack.servers[index] = _start_server(env)
+            else:
+                raise RuntimeError(f"no free port after {PORT_ATTEMPTS} attempts")
+        yield stack
+    finally:
+        crashed = any(server.process.poll() is not None for server in stack.servers)
+        for server in stack.servers:
+            server.stop()
+        if crashed or request.session.testsfailed > failed_before:
+            print(stack.output())
+        for server in stack.servers:
+            server.log.close()
+
+
+class Background:
+    """Run a call in a daemon thread; `result()` joins it and re-raises what it raised."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        try:
+            self._value = fn(*args, **kwargs)
+        except BaseException as err:  # handed to the test thread by result()
+            self._error = err
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float = 30) -> Any:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"background call still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class ChatWorker:
+    """A chat worker on the horde routes of one live server: pop, progress, submit."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        name: str,
+        model: str,
+        max_length: int = 16384,
+        max_context_length: int = 32768,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.max_length = max_length
+        self.max_context_length = max_context_length
+        self.http = httpx.Client(base_url=base_url, headers={"apikey": api_key}, timeout=30)
+        self.job: dict[str, Any] | None = None
+        self.seq = 0
+
+    @property
+    def id(self) -> str:
+        assert self.job is not None, "no job popped"
+        return self.job["id"]
+
+    def pop(self) -> dict[str, Any]:
+        """One pop; the first one also checks the worker in with its model."""
+        response = self.http.post(
+            "/api/v2/generate/text/pop",
+            json={
+                "name": self.name,
+                "models": [self.model],
+                "max_length": self.max_length,
+                "max_context_length": self.max_context_length,
+                "chat": True,
+            },
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def pop_job(self, timeout: float = 20) -> dict[str, Any]:
+        """Pop until a job comes, within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self.pop()
+            if answer["id"] is not None:
+                assert answer["kind"] == "chat", answer
+                self.job = answer
+                self.seq = 0
+                return answer
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} found no job within {timeout} s")
+            time.sleep(0.05)
+
+    def progress(self, delta: str, *, seq: int | None = None, tokens: int | None = None) -> httpx.Response:
+        """Post the next seq (or a given one, to retry); the answer is not checked."""
+        if seq is None:
+            self.seq += 1
+            seq = self.seq
+        body: dict[str, Any] = {"id": self.id, "seq": seq, "delta": delta}
+        if tokens is not None:
+            body["tokens"] = tokens
+        return self.http.post("/api/v2/generate/text/progress", json=body)
+
+    def submit(self, generation: str, **body: Any) -> httpx.Response:
+        return self.http.post(
+            "/api/v2/generate/text/submit", json={"id": self.id, "generation": generation, **body}
+        )
+
+    def stream(self, deltas: list[str], *, retry: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
+        """Post each delta in order, re-posting every seq in `retry` at once; tokens run 2 a post."""
+        answers = []
+        for delta in deltas:
+            response = self.progress(delta, tokens=2 * (self.seq + 1))
+            assert response.status_code == 200, response.text
+            answers.append(response.json())
+            if self.seq in retry:
+                again = self.progress(delta, seq=self.seq, tokens=2 * self.seq)
+                assert again.status_code == 200, again.text
+                assert again.json()["lease"] == "not_renewed", again.text
+        return answers
+
+    def serve(self, deltas: list[str], *, retry: frozenset[int] = frozenset()) -> str:
+        """Pop a job, stream `deltas`, then submit their concatenation; return the job id."""
+        self.pop_job()
+        self.stream(deltas, retry=retry)
+        response = self.submit("".join(deltas))
+        assert response.status_code == 200, response.text
+        return self.id
+
+    def close(self) -> None:
+        self.http.close()
