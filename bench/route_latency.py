@@ -1,11 +1,13 @@
-"""Latency of the worker routes, pop and submit, against a live ASGI server.
+"""Latency of the worker routes, pop, progress and submit, against a live ASGI server.
 
 Run:  .venv/bin/python bench/route_latency.py [--calls 200] [--queued 200] [--web-workers 1]
 
 It uses its own database (hordeops_bench, created and migrated if missing) and Redis
 database 13, starts uvicorn on a free loopback port, queues --queued requests, then times
 --calls sequential pops (each takes a job) and --calls submits over one keep-alive
-connection, and prints one JSON object of figures in milliseconds.
+connection; then pops one chat job and times --calls progress posts on it (each with new
+output, so each runs the lease script and writes the renewal). It prints one JSON object
+of figures in milliseconds.
 """
 
 import argparse
@@ -55,11 +57,64 @@ def _figures(samples: list[float]) -> dict[str, float]:
     }
 
 
+def _progress_throughput(base, worker_key, chat, requester, create_chat_request, threads, calls) -> dict:
+    """Posts per second with `threads` workers each streaming its own chat job at once."""
+    import threading
+
+    import httpx
+
+    jobs = []
+    with httpx.Client(base_url=base, headers={"apikey": worker_key}, timeout=30) as client:
+        for n in range(threads):
+            body = {**chat, "name": f"bench-chat-{n}"}
+            client.post("/api/v2/generate/text/pop", json=body)
+            create_chat_request(
+                account=requester,
+                model="bench-model",
+                messages=[{"role": "user", "content": "bench"}],
+                max_length=4096,
+                params={},
+            )
+            jobs.append(client.post("/api/v2/generate/text/pop", json=body).json()["id"])
+    per_thread = max(1, calls // threads)
+    failures = []
+    start = threading.Barrier(threads + 1)
+
+    def stream(job_id: str) -> None:
+        with httpx.Client(base_url=base, headers={"apikey": worker_key}, timeout=30) as client:
+            start.wait()
+            for seq in range(1, per_thread + 1):
+                answer = client.post(
+                    "/api/v2/generate/text/progress", json={"id": job_id, "seq": seq, "delta": "word "}
+                )
+                if answer.status_code != 200:
+                    failures.append((answer.status_code, answer.text[:200]))
+
+    workers = [threading.Thread(target=stream, args=(job_id,)) for job_id in jobs]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    return {
+        "client_threads": threads,
+        "posts": per_thread * threads,
+        "failures": len(failures),
+        "failure_sample": failures[:3],
+        "posts_per_second": round(per_thread * threads / elapsed, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--queued", type=int, default=200)
     parser.add_argument("--web-workers", type=int, default=1)
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="client threads for the progress throughput phase"
+    )
     args = parser.parse_args()
     queued = max(args.queued, args.calls + 1)  # the warm-up pop takes one
 
@@ -71,6 +126,7 @@ def main() -> None:
     from django.utils import timezone
 
     from jobs.models import Generation, TextRequest
+    from jobs.services import create_chat_request
     from workers.models import Account, Worker
     from workers.services import create_account
 
@@ -140,6 +196,29 @@ def main() -> None:
                 )
                 submits.append(time.perf_counter() - started)
                 answer.raise_for_status()
+            chat = {**pop_body, "chat": True, "max_length": 16384, "max_context_length": 32768}
+            client.post("/api/v2/generate/text/pop", json=chat)  # the chat worker announces its model
+            create_chat_request(
+                account=requester,
+                model="bench-model",
+                messages=[{"role": "user", "content": "bench"}],
+                max_length=4096,
+                params={},
+            )
+            chat_job = client.post("/api/v2/generate/text/pop", json=chat).json()["id"]
+            assert chat_job, "the chat job should have been popped"
+            posts = []
+            for seq in range(1, args.calls + 1):
+                started = time.perf_counter()
+                answer = client.post(
+                    "/api/v2/generate/text/progress",
+                    json={"id": chat_job, "seq": seq, "delta": "word " * 4, "tokens": seq * 4},
+                )
+                posts.append(time.perf_counter() - started)
+                answer.raise_for_status()
+            throughput = _progress_throughput(
+                base, worker_key, chat, requester, create_chat_request, args.concurrency, args.calls
+            )
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -153,6 +232,8 @@ def main() -> None:
                 "queued_requests": queued,
                 "pop": _figures(pops),
                 "submit": _figures(submits),
+                "progress": _figures(posts),
+                "progress_throughput": throughput,
             },
             indent=2,
         )

@@ -52,7 +52,7 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
 
     set_rollback()
     if isinstance(exc, errors.DomainError):
-        return horde_error(exc.message, exc.code, exc.status)
+        return horde_error(exc.message, exc.code, exc.status, **exc.extra)
     if isinstance(exc, RequestDataTooBig):
         err = errors.PayloadTooLarge()
         return horde_error(err.message, err.code, err.status)
@@ -66,7 +66,8 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
         return horde_error("A value in the request is out of range for the horde.", "BadRequest", 400)
     if isinstance(exc, (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         # Only the class name: driver messages can quote the request's values.
-        logger.error("service unavailable: %s", type(exc).__name__)
+        sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+        logger.error("service unavailable: %s %s", type(exc).__name__, sqlstate)
         err = errors.ServiceUnavailable()
         return horde_error(err.message, err.code, err.status)
     if isinstance(exc, drf_exceptions.APIException):

@@ -10,8 +10,10 @@ class DomainError(Exception):
     status = 400
     default_message = "The request could not be processed."
 
-    def __init__(self, message: str | None = None) -> None:
+    def __init__(self, message: str | None = None, **extra: object) -> None:
         self.message = message or self.default_message
+        # Machine-readable details that an error shape may carry beside the message.
+        self.extra = extra
         super().__init__(self.message)
 
 

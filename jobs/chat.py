@@ -100,7 +100,10 @@ def _api_key(request: HttpRequest) -> str | None:
 
 def _start(request: HttpRequest, protocol: OpenAIChat) -> tuple[ChatCall, TextRequest]:
     """Authenticate, parse and queue: the synchronous first phase of a chat request."""
-    account: Account = authenticate(api_key=_api_key(request))
+    api_key = _api_key(request)
+    if not api_key:
+        raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
+    account: Account = authenticate(api_key=api_key)
     call = protocol.parse(loads_strict(request.body))
     text_request = services.create_chat_request(
         account=account,

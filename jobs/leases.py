@@ -36,38 +36,39 @@ end
 local state = redis.call('HMGET', lease, 'dead', 'last_seq', 'lease_end', 'cap_end')
 local last, lease_end, cap_end = tonumber(state[2]), tonumber(state[3]), tonumber(state[4])
 if state[1] then
-  return {'dead', tostring(lease_end), last}
+  return {'dead', state[3], last}
 end
 if seq <= last then
-  return {'retry', tostring(lease_end), last}
+  return {'retry', state[3], last}
 end
 if seq > last + 1 then
-  return {'gap', tostring(lease_end), last}
+  return {'gap', state[3], last}
 end
 redis.call('HSET', lease, 'last_seq', seq)
 if ARGV[11] ~= '' then
   redis.call('HSET', lease, 'tokens', ARGV[11])
 end
 if delta == '' then
-  return {'not_renewed', tostring(lease_end), seq}
+  return {'not_renewed', state[3], seq}
 end
 redis.call('HINCRBY', lease, 'output_len', string.len(delta))
 redis.call('XADD', relay, '*', 'type', 'delta', 'generation', ARGV[9], 'seq', seq, 'text', delta)
 redis.call('EXPIRE', relay, tonumber(ARGV[10]))
 if now > lease_end then
-  return {'lapsed', tostring(lease_end), seq}
+  return {'lapsed', state[3], seq}
 end
-local wanted = now + step
-if wanted > cap_end then
+local wanted = string.format('%.6f', now + step)
+if tonumber(wanted) > cap_end then
   if lease_end >= cap_end then
     redis.call('HINCRBY', counters, 'horde_text_lease_renewals|at_cap|' .. trust, 1)
-    return {'at_cap', tostring(lease_end), seq}
+    return {'at_cap', state[3], seq}
   end
-  wanted = cap_end
+  -- Held at the cap: stored as the cap's own string, so that the next post compares equal.
+  wanted = state[4]
 end
-redis.call('HSET', lease, 'lease_end', tostring(wanted))
+redis.call('HSET', lease, 'lease_end', wanted)
 redis.call('HINCRBY', counters, 'horde_text_lease_renewals|granted|' .. trust, 1)
-return {'granted', tostring(wanted), seq}
+return {'granted', wanted, seq}
 """
 
 # Hours a lease or relay key outlives its cap, so that late posts still find it dead.

@@ -56,7 +56,8 @@ def sse(data: Any, event: str | None = None) -> str:
 
 
 def _snake(code: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", code).lower().replace("apikey", "api_key")
+    """`InvalidAPIKey` -> `invalid_api_key`, `InvalidJSON` -> `invalid_json`."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", code).lower()
 
 
 class MessageInput(serializers.Serializer):
@@ -156,7 +157,7 @@ class OpenAIChat:
             }
         }
 
-    CODES = {"UnknownModel": "model_not_found", "InvalidAPIKey": "invalid_api_key"}
+    CODES = {"UnknownModel": "model_not_found"}
     # Where OpenAI's status for a case differs from the horde's.
     STATUS = {"UnknownModel": 404}
 

@@ -13,7 +13,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, Value, When
+from django.db.models import Case, F, Value, When
 
 from hordeops import clock, errors, metrics
 from jobs import leases, relay
@@ -140,15 +140,22 @@ def create_chat_request(
 def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:
     """Commit the request's stream to one generation's output, if it is still running.
 
-    From here on an abort faults the request instead of restarting it. The update and the
-    stale pass's restart both write the request row, so exactly one of them wins.
+    From here on an abort faults the request instead of restarting it. The generation row
+    is locked first, in the order the stale pass and the submit lock (generation, then
+    request): either the pass aborted it before, and nothing is committed, or it aborts it
+    after and sees the commitment.
     """
-    running = Generation.objects.filter(pk=generation_id, state=Generation.State.PROCESSING)
-    committed = (
-        TextRequest.objects.filter(pk=request_id, state=TextRequest.State.ACTIVE, stream_generation=None)
-        .filter(Exists(running))
-        .update(stream_generation=generation_id)
-    )
+    with transaction.atomic():
+        running = list(
+            Generation.objects.select_for_update(no_key=True)
+            .filter(pk=generation_id, request_id=request_id, state=Generation.State.PROCESSING)
+            .values_list("pk", flat=True)
+        )
+        if not running:
+            return False
+        committed = TextRequest.objects.filter(
+            pk=request_id, state=TextRequest.State.ACTIVE, stream_generation=None
+        ).update(stream_generation=generation_id)
     return committed == 1
 
 
@@ -335,7 +342,8 @@ def record_progress(
         raise _refusal(generation.pk)
     if outcome == "gap":
         raise errors.ProgressOutOfOrder(
-            f"Progress seq {seq} skips ahead: the last accepted seq is {renewal.last_seq}."
+            f"Progress seq {seq} skips ahead: the last accepted seq is {renewal.last_seq}.",
+            last_seq=renewal.last_seq,
         )
     if outcome == "granted":
         # Whole seconds, never short of the Redis lease end nor past the cap.

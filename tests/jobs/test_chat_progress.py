@@ -1,8 +1,9 @@
 """The stream lease in Redis: its fields, its extension, and posts racing each other or the pass."""
 
 import threading
+import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import pytest
 from django.db import connection
@@ -210,3 +211,31 @@ def test_a_submit_racing_a_progress_post_keeps_the_submitted_text(make_caller, c
     _run_together(post, submit)
     generation = Generation.objects.get(pk=job["id"])
     assert (generation.state, generation.text) == (Generation.State.DONE, "whole")
+
+
+@pytest.mark.parametrize("microseconds", [574507, 574567, 999999, 1])
+def test_the_lease_held_at_the_cap_answers_at_cap_whatever_the_pop_time(db, microseconds):
+    """The cap is stored as its own string: a float printed with 14 digits fell short of it."""
+    popped = timezone.datetime(2026, 6, 1, 8, 0, 0, microseconds, tzinfo=UTC)
+    generation_id, request_id = uuid.uuid4(), uuid.uuid4()
+
+    def post(seq: int, at: float):
+        return leases.renew(
+            generation_id=generation_id,
+            request_id=request_id,
+            popped_at=popped,
+            job_ttl=150,
+            cap_seconds=200,
+            trusted=False,
+            seq=seq,
+            delta="words",
+            tokens=None,
+            now=popped + timedelta(seconds=at),
+        )
+
+    assert post(1, 30).outcome == "granted"  # to 180 s
+    held = post(2, 60)  # 210 s would pass the cap: held at 200 s, granted this once
+    assert held.outcome == "granted"
+    assert held.lease_end == pytest.approx(popped.timestamp() + 200, abs=1e-6)
+    assert post(3, 90).outcome == "at_cap"
+    assert post(4, 120).outcome == "at_cap"
