@@ -14,7 +14,7 @@ from django_redis import get_redis_connection
 from hordeops import errors
 from jobs import leases
 from jobs.models import Generation, TextRequest
-from jobs.services import abort_stale_generations, record_progress, submit_generation
+from jobs.services import abort_stale_generations, commit_stream, record_progress, submit_generation
 from tests.conftest import progress
 
 T0 = "2026-06-01 08:00:00+00:00"
@@ -239,3 +239,33 @@ def test_the_lease_held_at_the_cap_answers_at_cap_whatever_the_pop_time(db, micr
     assert held.lease_end == pytest.approx(popped.timestamp() + 200, abs=1e-6)
     assert post(3, 90).outcome == "at_cap"
     assert post(4, 120).outcome == "at_cap"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_committing_while_the_pass_aborts_either_commits_and_faults_or_restarts(
+    make_caller, chat_job
+):
+    owner = make_caller("owner", trusted=True)
+    outcomes = Counter()
+    for round_ in range(15):
+        job = chat_job(owner, f"w{round_}")
+        generation = Generation.objects.get(pk=job["id"])
+        Generation.objects.filter(pk=generation.pk).update(popped_at=F("popped_at") - timedelta(seconds=151))
+
+        def commit(generation=generation):
+            return commit_stream(request_id=generation.request_id, generation_id=generation.pk)
+
+        committed, _ = _run_together(commit, abort_stale_generations)
+        request = TextRequest.objects.get(pk=generation.request_id)
+        assert Generation.objects.get(pk=generation.pk).state == Generation.State.ABORTED
+        if committed is True:
+            # Committed first: the abort then ends the request, with no fallback.
+            assert (request.stream_generation, request.state, request.queued) == (generation.pk, "faulted", 0)
+            outcomes["committed, then faulted"] += 1
+        else:
+            # Aborted first: nothing committed, and the job waits for another worker.
+            assert committed is False
+            assert (request.stream_generation, request.state, request.queued) == (None, "active", 1)
+            outcomes["restarted"] += 1
+    assert sum(outcomes.values()) == 15
+    print("commit vs pass:", dict(outcomes))
