@@ -22,24 +22,6 @@ class TextRequestQuerySet(models.QuerySet["TextRequest"]):
         """Requests with work still to hand out; matches the `request_pop_queue` index."""
         return self.filter(state=TextRequest.State.ACTIVE, queued__gt=0)
 
-    def poppable_for(self, worker: Worker, *, trusted: bool, now: datetime) -> "TextRequestQuerySet":
-        """The queue as this worker may take from it, best first."""
-        qs = self.queued().filter(
-            expires_at__gt=now,
-            max_length__lte=worker.max_length,
-            max_context_length__lte=worker.max_context_length,
-        )
-        qs = qs.filter(Q(requested_models=[]) | Q(requested_models__overlap=worker.served_models))
-        qs = qs.filter(Q(allowed_workers=[]) | Q(allowed_workers__contains=[worker.id]))
-        if not trusted:
-            qs = qs.filter(trusted_workers=False)
-        if worker.maintenance:
-            # A worker in maintenance still serves its own owner, as on the AI Horde.
-            qs = qs.filter(account_id=worker.account_id)
-        if not worker.chat:
-            qs = qs.filter(kind=TextRequest.Kind.TEXT)
-        return qs.order_by("-priority", "created_at")
-
     def ahead_of(self, request: "TextRequest") -> "TextRequestQuerySet":
         return self.queued().filter(
             Q(priority__gt=request.priority) | Q(priority=request.priority, created_at__lt=request.created_at)
@@ -122,6 +104,9 @@ class GenerationQuerySet(models.QuerySet["Generation"]):
     def processing(self) -> "GenerationQuerySet":
         return self.filter(state=Generation.State.PROCESSING)
 
+    def over_capacity(self) -> "GenerationQuerySet":
+        return self.filter(fallback_tier__gt=1)
+
     def stale(self, now: datetime) -> "GenerationQuerySet":
         """Processing generations whose lease (pop + job_ttl) ended before `now`."""
         return (
@@ -157,6 +142,12 @@ class Generation(models.Model):
     cap_seconds = models.PositiveIntegerField()
     trusted_at_pop = models.BooleanField(default=False)
     renewals = models.PositiveIntegerField(default=0)
+    # The speed gate at the pop: the worker's capacity then, and its tier for this job
+    # (1 capable, 2 only within its own cap, 3 not even then). Tiers 2 and 3 are the
+    # over-capacity assignments; the generation's state is their outcome.
+    capacity_at_pop = models.PositiveIntegerField(null=True, blank=True)
+    fallback_tier = models.PositiveSmallIntegerField(default=1)
+    capacity_limited = models.BooleanField(default=False)
     finished_at = models.DateTimeField(null=True, blank=True)
     text = models.TextField(null=True, blank=True)
     result = models.CharField(max_length=10, choices=Result.choices, blank=True, default="")
@@ -173,6 +164,9 @@ class Generation(models.Model):
             models.Index(fields=["popped_at"], name="generation_processing", condition=Q(state="processing")),
         ]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(fallback_tier__gte=1) & Q(fallback_tier__lte=3), name="generation_tier_1_3"
+            ),
             models.CheckConstraint(condition=Q(job_ttl__gte=1), name="generation_ttl_positive"),
             models.CheckConstraint(
                 condition=Q(job_ttl__lte=F("cap_seconds")), name="generation_ttl_within_cap"

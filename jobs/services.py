@@ -8,6 +8,7 @@ import math
 from collections import Counter as Tally
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +19,7 @@ from django.db.models import Case, F, Value, When
 from hordeops import clock, errors, metrics
 from jobs import leases, relay
 from jobs.models import Generation, TextRequest
+from workers import eligibility
 from workers.models import Account, Worker
 
 logger = logging.getLogger(__name__)
@@ -235,11 +237,16 @@ def pop_generation(
     )
     trusted = account.trusted
     cap = lease_cap_seconds(trusted=trusted)
+    if worker.capacity_limited:
+        metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED)
     with transaction.atomic():
-        request = (
-            TextRequest.objects.poppable_for(worker, trusted=trusted, now=now)
-            .select_for_update(skip_locked=True, of=("self",))
-            .first()
+        request = next(
+            iter(
+                TextRequest.objects.raw(
+                    _pop_sql(), {**eligibility.params(now), "worker": worker.pk, "now": now}
+                )
+            ),
+            None,
         )
         if request is None:
             if worker.maintenance:
@@ -258,10 +265,33 @@ def pop_generation(
                 job_ttl=min(settings.TEXT_JOB_LEASE_SECONDS, cap),
                 cap_seconds=cap,
                 trusted_at_pop=trusted,
+                capacity_at_pop=worker.capacity,
+                fallback_tier=request.fallback_tier,
+                capacity_limited=worker.capacity_limited,
             )
             for _ in range(take)
         )
     return PoppedJob(request=request, generations=generations)
+
+
+@cache
+def _pop_sql() -> str:
+    """The best request this worker may be offered now, locked; with its tier for it.
+
+    Queue order is priority then age, on the partial index `request_pop_queue`; SKIP LOCKED
+    lets concurrent pops pass each other's rows instead of waiting or taking one twice.
+    """
+    return f"""
+        SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
+        FROM {TextRequest._meta.db_table} AS r,
+             {Worker._meta.db_table} AS w JOIN {Account._meta.db_table} AS wa ON wa.id = w.account_id
+        WHERE w.id = %(worker)s
+          AND r.state = 'active' AND r.queued > 0 AND r.expires_at > %(now)s
+          AND {eligibility.offer_sql("r", "w", "wa")}
+        ORDER BY r.priority DESC, r.created_at ASC
+        LIMIT 1
+        FOR UPDATE OF r SKIP LOCKED
+    """
 
 
 def _choose_model(requested: list[str], served: list[str]) -> str:

@@ -5,10 +5,9 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Avg, Count, Sum
 
 from jobs.models import Generation, TextRequest
-from workers.models import Worker
+from workers.eligibility import eligible_workers
 
 
 def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
@@ -18,19 +17,17 @@ def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
         .select_related("worker")
         .order_by("finished_at")
     )
-    eligible = Worker.objects.eligible_for(request, now=now).aggregate(
-        workers=Count("pk"), threads=Sum("threads"), speed=Avg("speed")
-    )
-    eligible_workers = eligible["workers"] or 0
-    eligible_threads = eligible["threads"] or 0
+    eligible = eligible_workers(request.pk, now=now)
+    workers = eligible["workers"]
+    threads = eligible["threads"]
     queue_position = 0
     wait_time = 0
     if request.state == TextRequest.State.ACTIVE and request.queued:
         queue_position = TextRequest.objects.ahead_of(request).count()
-        if eligible_threads:
+        if threads:
             speed = eligible["speed"] or settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND
             jobs_ahead = queue_position + request.queued
-            wait_time = math.ceil(jobs_ahead * request.max_length / (speed * eligible_threads))
+            wait_time = math.ceil(jobs_ahead * request.max_length / (speed * threads))
     return {
         "finished": request.finished,
         "processing": processing,
@@ -38,7 +35,7 @@ def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
         "waiting": request.queued,
         "done": request.is_done,
         "faulted": request.state in (TextRequest.State.FAULTED, TextRequest.State.EXPIRED),
-        "is_possible": bool(eligible_workers or processing),
+        "is_possible": bool(workers or processing),
         "wait_time": wait_time,
         "queue_position": queue_position,
         "kudos": round(sum(g.reward for g in done_generations), 2),
@@ -54,7 +51,8 @@ def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
             }
             for g in done_generations
         ],
-        "eligible_workers": eligible_workers,
-        "eligible_worker_threads": eligible_threads,
-        "might_stall": False,
+        "eligible_workers": workers,
+        "eligible_worker_threads": threads,
+        # Only over-capacity workers could take it: it may wait, or be aborted at a cap.
+        "might_stall": bool(workers) and not eligible["capable"],
     }

@@ -54,25 +54,6 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         since = now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS)
         return self.filter(last_pop_at__gte=since)
 
-    def eligible_for(self, request, *, now: datetime) -> "WorkerQuerySet":
-        """Online workers that the pop would offer `request` to.
-
-        The mirror of `TextRequestQuerySet.poppable_for`; a test holds the two together.
-        """
-        qs = self.online(now).filter(
-            max_length__gte=request.max_length,
-            max_context_length__gte=request.max_context_length,
-        )
-        if request.requested_models:
-            qs = qs.filter(served_models__overlap=request.requested_models)
-        if request.allowed_workers:
-            qs = qs.filter(pk__in=request.allowed_workers)
-        if request.trusted_workers:
-            qs = qs.filter(account__trusted=True)
-        if request.kind == "chat":
-            qs = qs.filter(chat=True)
-        return qs.filter(Q(maintenance=False) | Q(account_id=request.account_id))
-
 
 class Worker(models.Model):
     """A volunteer's LLM server, created by its first pop under a name."""
@@ -121,3 +102,15 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def capacity(self) -> int:
+        """Chat capacity in tokens (speed x the base lease's generating window)."""
+        from workers.eligibility import capacity
+
+        return capacity(self.speed)
+
+    @property
+    def capacity_limited(self) -> bool:
+        """A chat worker that declares more max_length than it can produce in the base lease."""
+        return self.chat and self.capacity < self.max_length

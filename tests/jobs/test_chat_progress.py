@@ -180,6 +180,7 @@ def test_the_same_reply_from_an_untrusted_worker_is_aborted_at_its_cap(chat_job,
 
 def test_with_shrunken_settings_the_caps_scale_the_same_way(settings, chat_job, trusted_owner, time_machine):
     settings.TEXT_JOB_LEASE_SECONDS = 15
+    settings.TEXT_JOB_PREPARATION_SECONDS = 3
     settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS = 60
     time_machine.move_to(T0, tick=False)
     job = chat_job(trusted_owner)

@@ -1,0 +1,118 @@
+"""Which workers may be offered which requests: the one rule the pop and the status share.
+
+Seed 000 and the decisions it cites (contract section 7):
+
+- A worker's capacity is `speed x (TEXT_JOB_LEASE_SECONDS - TEXT_JOB_PREPARATION_SECONDS)`
+  tokens, its speed taken as UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND until measured.
+- For a chat job a worker is in one of three tiers:
+    1. its capacity covers the job's max_length (it can finish inside the base lease);
+    2. it cannot, but its capacity within its own cap, `speed x (cap - preparation)`, does
+       (a fast enough worker that streams progress finishes before its cap);
+    3. it cannot finish even within its cap.
+  A legacy text job puts every worker in tier 1: the gate does not apply to it.
+- A worker is offered a job when it passes the job's plain filters (model, lengths, trust,
+  named workers, maintenance, chat) and no worker of a better tier that passes them too is
+  online. So the fallback is ordered: tier 2 only when no tier 1 is online, tier 3 only when
+  neither is.
+
+The rule is written once, as SQL over a request row `r` and a worker row `w` with its account
+`wa`. The pop evaluates it for one worker across the queue; the status evaluates it for one
+request across the fleet; neither has a copy of its own.
+"""
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+
+ONLINE = "{w}.last_pop_at >= %(online_since)s"
+
+
+def _generating_seconds(lease_seconds: int) -> int:
+    """Seconds of a lease left for generating, after the preparation allowance."""
+    return max(0, lease_seconds - settings.TEXT_JOB_PREPARATION_SECONDS)
+
+
+def lease_window_seconds() -> int:
+    return _generating_seconds(settings.TEXT_JOB_LEASE_SECONDS)
+
+
+def capacity(speed: float | None) -> int:
+    """A worker's chat capacity in tokens: what it can produce inside the base lease."""
+    effective = settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND if speed is None else speed
+    return int(effective * lease_window_seconds())
+
+
+def params(now: datetime) -> dict[str, Any]:
+    """The values the SQL below refers to."""
+    return {
+        "online_since": now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS),
+        "unmeasured": settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
+        "window": lease_window_seconds(),
+        "trusted_window": _generating_seconds(settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
+        "untrusted_window": _generating_seconds(settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
+    }
+
+
+def capacity_sql(w: str) -> str:
+    return f"(coalesce({w}.speed, %(unmeasured)s) * %(window)s)"
+
+
+def tier_sql(r: str, w: str, wa: str) -> str:
+    """1, 2 or 3 as above; always 1 for a legacy text job."""
+    speed = f"coalesce({w}.speed, %(unmeasured)s)"
+    cap_window = f"(CASE WHEN {wa}.trusted THEN %(trusted_window)s ELSE %(untrusted_window)s END)"
+    return (
+        f"(CASE WHEN {r}.kind = 'text' OR {speed} * %(window)s >= {r}.max_length THEN 1"
+        f" WHEN {speed} * {cap_window} >= {r}.max_length THEN 2 ELSE 3 END)"
+    )
+
+
+def filters_sql(r: str, w: str, wa: str) -> str:
+    """The plain filters: could this worker serve this request at all?"""
+    return (
+        f"{r}.max_length <= {w}.max_length"
+        f" AND {r}.max_context_length <= {w}.max_context_length"
+        f" AND (cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"
+        f" AND (cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"
+        f" AND (NOT {r}.trusted_workers OR {wa}.trusted)"
+        f" AND (NOT {w}.maintenance OR {w}.account_id = {r}.account_id)"
+        f" AND ({r}.kind = 'text' OR {w}.chat)"
+    )
+
+
+def offer_sql(r: str = "r", w: str = "w", wa: str = "wa") -> str:
+    """May worker `w` be offered request `r` now? Filters, then the tiered speed gate."""
+    from workers.models import Account, Worker
+
+    better = (
+        f"SELECT 1 FROM {Worker._meta.db_table} AS v JOIN {Account._meta.db_table} AS va"
+        f" ON va.id = v.account_id"
+        f" WHERE {ONLINE.format(w='v')} AND {filters_sql(r, 'v', 'va')}"
+        f" AND {tier_sql(r, 'v', 'va')} < {tier_sql(r, w, wa)}"
+    )
+    return f"({filters_sql(r, w, wa)} AND ({tier_sql(r, w, wa)} = 1 OR NOT EXISTS ({better})))"
+
+
+def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
+    """Online workers the pop would offer this request to now: count, threads, and more.
+
+    `capable` counts those of tier 1: when it is 0 but `workers` is not, only over-capacity
+    workers could take the request (the status route's `might_stall`).
+    """
+    from django.db import connection
+
+    from jobs.models import TextRequest
+    from workers.models import Account, Worker
+
+    sql = (
+        f"SELECT count(*), coalesce(sum(w.threads), 0),"
+        f" count(*) FILTER (WHERE {tier_sql('r', 'w', 'wa')} = 1), avg(w.speed)"
+        f" FROM {TextRequest._meta.db_table} AS r,"
+        f" {Worker._meta.db_table} AS w JOIN {Account._meta.db_table} AS wa ON wa.id = w.account_id"
+        f" WHERE r.id = %(request)s AND {ONLINE.format(w='w')} AND {offer_sql()}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**params(now), "request": request_id})
+        workers, threads, capable, speed = cursor.fetchone()
+    return {"workers": workers, "threads": threads, "capable": capable, "speed": speed}
