@@ -11,6 +11,8 @@ urlpatterns = [
     path("api/v2/", include("jobs.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
     path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
+    path("v1/responses", chat.responses, name="responses"),
+    path("v1/messages", chat.messages, name="messages"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("", include("django_prometheus.urls")),
 ]

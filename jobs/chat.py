@@ -189,4 +189,14 @@ async def _serve(request: HttpRequest, protocol: OpenAIChat) -> HttpResponse:
 
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await _serve(request, PROTOCOLS[OpenAIChat.path])
+    return await _serve(request, PROTOCOLS["/v1/chat/completions"])
+
+
+@csrf_exempt
+async def responses(request: HttpRequest) -> HttpResponse:
+    return await _serve(request, PROTOCOLS["/v1/responses"])
+
+
+@csrf_exempt
+async def messages(request: HttpRequest) -> HttpResponse:
+    return await _serve(request, PROTOCOLS["/v1/messages"])

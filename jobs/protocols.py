@@ -219,7 +219,19 @@ class OpenAIChat:
         return f"chatcmpl-{request_id}"
 
 
-PROTOCOLS = {OpenAIChat.path: OpenAIChat()}
+class OpenAIResponses(OpenAIChat):
+    """OpenAI Responses: `response` objects and `response.*` events. (To be written.)"""
+
+    path = "/v1/responses"
+
+
+class AnthropicMessages(OpenAIChat):
+    """Anthropic Messages: `message` objects and `message_start` ... `message_stop`. (To be written.)"""
+
+    path = "/v1/messages"
+
+
+PROTOCOLS = {p.path: p() for p in (OpenAIChat, OpenAIResponses, AnthropicMessages)}
 
 
 def protocol_for_path(path: str) -> OpenAIChat:
