@@ -2,6 +2,7 @@
 
 import logging
 import os
+import time
 from typing import Any
 
 import redis.exceptions
@@ -52,7 +53,10 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
 
     set_rollback()
     if isinstance(exc, errors.DomainError):
-        return horde_error(exc.message, exc.code, exc.status, **exc.extra)
+        response = horde_error(exc.message, exc.code, exc.status, **exc.extra)
+        if exc.status in (502, 504):
+            response["x-should-retry"] = "false"
+        return response
     if isinstance(exc, RequestDataTooBig):
         err = errors.PayloadTooLarge()
         return horde_error(err.message, err.code, err.status)
@@ -110,6 +114,9 @@ class BodyLimitMiddleware(MiddlewareMixin):
     """Refuse bodies over the limit before anything reads them."""
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        # Where no ASGI server stamped the arrival (WSGI, the test client), this is the
+        # earliest point a generation deadline can start from.
+        request._hordeops_arrived = time.monotonic()
         if not _is_api_path(request.path):
             return None
         declared = request.META.get("CONTENT_LENGTH") or ""

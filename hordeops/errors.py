@@ -163,16 +163,14 @@ class ReplyFailed(DomainError):
 class InvalidGenerationDeadline(DomainError):
     """A malformed X-MultiLLM-Deadline-Ms header (seed 003)."""
 
-    code = "InvalidGenerationDeadline"
-    openai_code = "invalid_generation_deadline"
+    code = "invalid_generation_deadline"
     default_message = "X-MultiLLM-Deadline-Ms must be one integer from 1 to the horde's maximum."
 
 
 class GenerationDeadlineExceeded(DomainError):
     """The requester's generation deadline ran out (seed 003)."""
 
-    code = "GenerationDeadlineExceeded"
-    openai_code = "generation_deadline_exceeded"
+    code = "generation_deadline_exceeded"
     status = 504
     default_message = "The generation deadline was exceeded."
 
@@ -180,7 +178,6 @@ class GenerationDeadlineExceeded(DomainError):
 class UpstreamStreamInvalid(DomainError):
     """Stream preflight found no output within its bounds, or the job ended first (seed 003)."""
 
-    code = "UpstreamStreamInvalid"
-    openai_code = "upstream_stream_invalid"
+    code = "upstream_stream_invalid"
     status = 502
     default_message = "The worker's stream delivered no output before the preflight bound or its end."

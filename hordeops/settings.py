@@ -57,6 +57,17 @@ def env_deadline_max_ms(name: str, default: int) -> int | None:
     return None
 
 
+def env_route_limits(name: str) -> dict[str, int]:
+    """`/v1/messages=30000,/v1/responses=60000`: per-route deadline ceilings in ms."""
+    limits = {}
+    for item in filter(None, (part.strip() for part in os.environ.get(name, "").split(","))):
+        path, _, ms = item.partition("=")
+        if not ms.strip().isdigit() or int(ms) < 1:
+            raise ImproperlyConfigured(f"{name} must be path=milliseconds pairs")
+        limits[path.strip().rstrip("/")] = int(ms)
+    return limits
+
+
 def database_from_url(url: str) -> dict:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
@@ -87,6 +98,7 @@ WORKER_ABORT_MAINTENANCE_THRESHOLD = env_int("WORKER_ABORT_MAINTENANCE_THRESHOLD
 TEXT_REQUEST_LIFETIME_SECONDS = env_int("TEXT_REQUEST_LIFETIME_SECONDS", 1200)
 TEXT_REQUEST_MAX_RESTARTS = env_int("TEXT_REQUEST_MAX_RESTARTS", 3)
 GENERATION_DEADLINE_MAX_MS = env_deadline_max_ms("GENERATION_DEADLINE_MAX_MS", 300000)
+GENERATION_DEADLINE_ROUTE_LIMITS_MS = env_route_limits("GENERATION_DEADLINE_ROUTE_LIMITS_MS")
 INTERNAL_HOP_SECRET = env_str("INTERNAL_HOP_SECRET", "")
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -11,6 +11,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from uuid import UUID
 
 import redis.exceptions
@@ -19,9 +20,10 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from hordeops import errors
+from hordeops import clock, errors
 from hordeops.parsers import loads_strict
-from jobs import relay, services
+from jobs import deadlines, relay, services
+from jobs.deadlines import Budget
 from jobs.models import TextRequest
 from jobs.protocols import PROTOCOLS, ChatCall, OpenAIChat, Reply, Usage
 from workers.models import Account
@@ -42,49 +44,88 @@ class Output:
 
 
 class RequestRelay:
-    """Follows one request's relay stream on behalf of one requester."""
+    """Follows one request's relay stream on behalf of one requester.
+
+    Streamed, it commits to the first generation that delivers useful output (text that is
+    not only white space). Until then it is in preflight (seed 003): it reads at most
+    PREFLIGHT_EVENTS events or PREFLIGHT_BYTES bytes of a generation looking for output, and a
+    generation that ends first with none is an invalid upstream stream.
+    """
+
+    PREFLIGHT_EVENTS = 32
+    PREFLIGHT_BYTES = 65536
 
     def __init__(self, text_request: TextRequest, *, stream: bool) -> None:
         self.request_id = text_request.id
         self.stream = stream
         self.generation: str | None = None  # the generation the stream is committed to
         self._events: AsyncIterator[relay.Event] = relay.events(text_request.id)
+        self._held: dict[str, list[str]] = {}  # white space read in preflight, per generation
 
     async def next_output(self) -> Output:
         async for event in self._events:
             if event.type == "delta":
-                if not self.stream or not event.text:
+                if not self.stream:
                     continue
                 if self.generation is None:
-                    committed = await sync_to_async(services.commit_stream)(
-                        request_id=self.request_id, generation_id=UUID(event.generation)
-                    )
-                    if not committed:
-                        continue  # aborted meanwhile: its job is restarting
-                    self.generation = event.generation
+                    output = await self._preflight(event)
+                    if output is None:
+                        continue
+                    return output
                 if event.generation == self.generation:
                     return Output("delta", text=event.text)
             elif event.type == relay.DONE:
                 if self.generation in (None, event.generation):
+                    text = event.text
+                    if self.generation is None and self.stream:
+                        if not text.strip():
+                            raise errors.UpstreamStreamInvalid("The job ended before any output.")
                     return Output(
                         "done",
-                        text=event.text,
+                        text=text,
                         tokens=int(event.fields.get("tokens", 0)),
                         finish_reason=event.fields.get("finish_reason", "stop"),
                     )
             elif event.type == relay.FAILED:
                 return Output("failed", reason=event.fields.get("code", ""))
-            # relay.RESTARTED: keep waiting; a failure follows if the request ended.
+            elif event.type == relay.RESTARTED:
+                self._held.pop(event.generation, None)  # its preflight starts again
         raise errors.ServiceUnavailable()
+
+    async def _preflight(self, event: relay.Event) -> Output | None:
+        """Hold white space until useful output arrives, then commit; None to read on."""
+        held = self._held.setdefault(event.generation, [])
+        held.append(event.text)
+        if not event.text.strip():
+            if (
+                len(held) >= self.PREFLIGHT_EVENTS
+                or sum(len(t.encode()) for t in held) >= self.PREFLIGHT_BYTES
+            ):
+                raise errors.UpstreamStreamInvalid()
+            return None
+        committed = await sync_to_async(services.commit_stream)(
+            request_id=self.request_id, generation_id=UUID(event.generation)
+        )
+        if not committed:
+            self._held.pop(event.generation, None)
+            return None  # aborted meanwhile: its job is restarting
+        self.generation = event.generation
+        return Output("delta", text="".join(self._held.pop(event.generation)))
 
     async def close(self) -> None:
         await self._events.aclose()
 
 
-def _abandon(request_id: UUID) -> None:
-    """The requester went away: cancel its request so that no worker serves nobody."""
+def _failure(reason: str) -> errors.DomainError:
+    if reason == errors.GenerationDeadlineExceeded.code:
+        return errors.GenerationDeadlineExceeded()
+    return errors.ReplyFailed(reason)
+
+
+def _abandon(request_id: UUID, reason: str = "cancelled") -> None:
+    """The requester went away or ran out of time: cancel its request; nothing restarts it."""
     try:
-        services.cancel_request(request_id=request_id)
+        services.cancel_request(request_id=request_id, reason=reason)
     except Exception:
         logger.exception("could not cancel an abandoned chat request")
     finally:
@@ -98,28 +139,48 @@ def _api_key(request: HttpRequest) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def _start(request: HttpRequest, protocol: OpenAIChat) -> tuple[ChatCall, TextRequest]:
+def _start(request: HttpRequest, protocol: OpenAIChat) -> tuple[ChatCall, TextRequest, Budget | None]:
     """Authenticate, parse and queue: the synchronous first phase of a chat request."""
     api_key = _api_key(request)
     if not api_key:
         raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
     account: Account = authenticate(api_key=api_key)
+    budget = deadlines.budget_for(request, account_limit_ms=account.deadline_limit_ms)
     call = protocol.parse(loads_strict(request.body))
+    deadline_at = None
+    if budget:
+        budget.check()  # auth and parsing spend the budget too
+        deadline_at = clock.now() + timedelta(milliseconds=budget.remaining_ms())
     text_request = services.create_chat_request(
         account=account,
         model=call.model,
         messages=call.messages,
         max_length=call.max_tokens,
         params=call.params,
+        deadline_at=deadline_at,
     )
-    return call, text_request
+    return call, text_request, budget
+
+
+async def _next(follower: RequestRelay, budget: Budget | None) -> Output:
+    """The next output, or GenerationDeadlineExceeded when the budget runs out first."""
+    if budget is None:
+        return await follower.next_output()
+    try:
+        return await asyncio.wait_for(follower.next_output(), timeout=budget.remaining_seconds())
+    except TimeoutError:
+        raise errors.GenerationDeadlineExceeded() from None
+
+
+async def _end(text_request: TextRequest, reason: str) -> None:
+    await asyncio.shield(sync_to_async(_abandon, thread_sensitive=False)(text_request.id, reason))
 
 
 async def _serve(request: HttpRequest, protocol: OpenAIChat) -> HttpResponse:
     if request.method != "POST":
         return protocol.error_response(errors.MethodNotAllowed())
     try:
-        call, text_request = await sync_to_async(_start)(request, protocol)
+        call, text_request, budget = await sync_to_async(_start)(request, protocol)
     except errors.DomainError as err:
         return protocol.error_response(err)
     except (DatabaseError, redis.exceptions.RedisError):
@@ -130,18 +191,23 @@ async def _serve(request: HttpRequest, protocol: OpenAIChat) -> HttpResponse:
     usage_prompt = math.ceil(len(text_request.prompt) / 4)
     follower = RequestRelay(text_request, stream=call.stream)
     try:
-        first = await follower.next_output()
+        first = await _next(follower, budget)
     except asyncio.CancelledError:
         await follower.close()
-        await asyncio.shield(sync_to_async(_abandon, thread_sensitive=False)(text_request.id))
+        await _end(text_request, "cancelled")
         raise
+    except (errors.GenerationDeadlineExceeded, errors.UpstreamStreamInvalid) as err:
+        # Before commitment: a real status, and the job is cancelled, never replayed.
+        await follower.close()
+        await _end(text_request, err.code)
+        return protocol.error_response(err)
     except (redis.exceptions.RedisError, errors.ServiceUnavailable):
         await follower.close()
         return protocol.error_response(errors.ServiceUnavailable())
 
     if first.kind == "failed":
         await follower.close()
-        return protocol.error_response(errors.ReplyFailed(first.reason))
+        return protocol.error_response(_failure(first.reason))
     if not call.stream:
         await follower.close()
         usage = Usage(usage_prompt, first.tokens)
@@ -171,15 +237,24 @@ async def _serve(request: HttpRequest, protocol: OpenAIChat) -> HttpResponse:
                     finished = True
                     return
                 else:
-                    for chunk in protocol.stream_error(reply, errors.ReplyFailed(output.reason)):
+                    for chunk in protocol.stream_error(reply, _failure(output.reason)):
                         yield chunk
                     finished = True
                     return
-                output = await follower.next_output()
+                try:
+                    output = await _next(follower, budget)
+                except errors.GenerationDeadlineExceeded as err:
+                    # After commitment: the protocol's error event, then the stream just
+                    # ends (no [DONE] or stop event, no fallback) and the job is cancelled.
+                    for chunk in protocol.stream_error(reply, err):
+                        yield chunk
+                    finished = True
+                    await _end(text_request, err.code)
+                    return
         finally:
             await follower.close()
             if not finished:
-                await asyncio.shield(sync_to_async(_abandon, thread_sensitive=False)(text_request.id))
+                await _end(text_request, "cancelled")
 
     response = StreamingHttpResponse(events(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

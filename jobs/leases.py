@@ -34,10 +34,11 @@ if redis.call('EXISTS', lease) == 0 then
   redis.call('EXPIRE', lease, tonumber(ARGV[10]))
 end
 local state = redis.call('HMGET', lease, 'dead', 'last_seq', 'lease_end', 'cap_end')
-local last, lease_end, cap_end = tonumber(state[2]), tonumber(state[3]), tonumber(state[4])
 if state[1] then
-  return {'dead', state[3], last}
+  -- Killed, perhaps before any post created it: the other fields may be missing.
+  return {'dead', state[3] or '0', tonumber(state[2]) or 0}
 end
+local last, lease_end, cap_end = tonumber(state[2]), tonumber(state[3]), tonumber(state[4])
 if seq <= last then
   return {'retry', state[3], last}
 end
@@ -152,6 +153,14 @@ def kill(generation_ids: list[UUID]) -> None:
         pipe.hset(key, "dead", 1)
         pipe.expire(key, KEY_GRACE_SECONDS)
     pipe.execute()
+
+
+def states(generation_ids: list[UUID]) -> list[dict[str, str]]:
+    """The lease hashes of several generations, in one round trip."""
+    pipe = _redis().pipeline(transaction=False)
+    for generation_id in generation_ids:
+        pipe.hgetall(lease_key(generation_id))
+    return [{k.decode(): v.decode() for k, v in raw.items()} for raw in pipe.execute()]
 
 
 def state(generation_id: UUID) -> dict[str, str]:

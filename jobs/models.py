@@ -68,6 +68,8 @@ class TextRequest(models.Model):
     # The generation whose output was committed to a streaming requester. Once set, an
     # abort faults the request instead of restarting it: there is no fallback after commit.
     stream_generation = models.UUIDField(null=True, blank=True)
+    # When the requester's generation deadline runs out (X-MultiLLM-Deadline-Ms), if it set one.
+    deadline_at = models.DateTimeField(null=True, blank=True)
 
     objects = TextRequestQuerySet.as_manager()
 
@@ -148,6 +150,9 @@ class Generation(models.Model):
     capacity_at_pop = models.PositiveIntegerField(null=True, blank=True)
     fallback_tier = models.PositiveSmallIntegerField(default=1)
     capacity_limited = models.BooleanField(default=False)
+    # For a generation cancelled in a worker's hands: usage confirmed or unknown, tokens
+    # relayed, any reservation and the reason. Never prompt or response text (seed 003).
+    settlement_information = models.JSONField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     text = models.TextField(null=True, blank=True)
     result = models.CharField(max_length=10, choices=Result.choices, blank=True, default="")

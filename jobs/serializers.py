@@ -168,6 +168,7 @@ class PopOutput(serializers.Serializer):
     extra_source_images = serializers.ListField(allow_null=True)
     kind = serializers.CharField(allow_null=True)
     lease = LeaseOutput(allow_null=True)
+    deadline_ms = serializers.IntegerField(required=False)
 
 
 class SubmitInput(serializers.Serializer):

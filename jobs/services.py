@@ -3,6 +3,7 @@
 Each function owns its transaction and takes `now` from `hordeops.clock` unless given.
 """
 
+import json
 import logging
 import math
 from collections import Counter as Tally
@@ -64,6 +65,7 @@ def create_text_request(
     trusted_workers: bool,
     slow_workers: bool,
     dry_run: bool,
+    deadline_at: datetime | None = None,
     now: datetime | None = None,
 ) -> tuple[TextRequest | None, float]:
     """Queue a text request; return it (None on a dry run) and its kudos estimate."""
@@ -97,9 +99,16 @@ def create_text_request(
         n=n,
         queued=n,
         created_at=now,
-        expires_at=now + timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS),
+        expires_at=_expiry(now, deadline_at),
+        deadline_at=deadline_at,
     )
     return request, kudos
+
+
+def _expiry(now: datetime, deadline_at: datetime | None) -> datetime:
+    """A request lives TEXT_REQUEST_LIFETIME_SECONDS, or until its deadline if sooner."""
+    lifetime = now + timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS)
+    return min(lifetime, deadline_at) if deadline_at else lifetime
 
 
 def render_chat_prompt(messages: list[dict[str, str]]) -> str:
@@ -115,6 +124,7 @@ def create_chat_request(
     messages: list[dict[str, str]],
     max_length: int,
     params: dict[str, Any],
+    deadline_at: datetime | None = None,
     now: datetime | None = None,
 ) -> TextRequest:
     """Queue a chat job for one reply of at most `max_length` tokens from `model`."""
@@ -135,7 +145,8 @@ def create_chat_request(
         n=1,
         queued=1,
         created_at=now,
-        expires_at=now + timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS),
+        expires_at=_expiry(now, deadline_at),
+        deadline_at=deadline_at,
     )
 
 
@@ -161,8 +172,14 @@ def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:
     return committed == 1
 
 
-def cancel_request(*, request_id: UUID, now: datetime | None = None) -> TextRequest:
-    """Drop the request's queued work and cancel its running generations."""
+def cancel_request(
+    *, request_id: UUID, reason: str = "cancelled", now: datetime | None = None
+) -> TextRequest:
+    """Drop the request's queued work and cancel its running generations.
+
+    `reason` is what a waiting requester and the settlement record are told: "cancelled"
+    (by the requester) or "generation_deadline_exceeded". Nothing restarts a cancelled job.
+    """
     now = now or clock.now()
     with transaction.atomic():
         request = TextRequest.objects.select_for_update().filter(pk=request_id).first()
@@ -173,12 +190,38 @@ def cancel_request(*, request_id: UUID, now: datetime | None = None) -> TextRequ
             request.queued = 0
             request.save(update_fields=["state", "queued"])
             running = list(request.generations.processing().values_list("pk", flat=True))
-            Generation.objects.filter(pk__in=running).update(
-                state=Generation.State.CANCELLED, finished_at=now
-            )
-            failures = [(request.pk, "cancelled")] if request.kind == TextRequest.Kind.CHAT else []
+            _cancel_generations(running, reason, now)
+            failures = [(request.pk, reason)] if request.kind == TextRequest.Kind.CHAT else []
             transaction.on_commit(lambda: _end_streams(failures, running))
     return request
+
+
+def _cancel_generations(generation_ids: list[UUID], reason: str, now: datetime) -> None:
+    """Cancel generations in workers' hands, keeping their settlement information.
+
+    Usage is unknown (the worker never confirmed a final count); the tokens relayed are the
+    worker's last reported count, or the relayed characters / 4. No text is kept.
+    """
+    if not generation_ids:
+        return
+    settlement = []
+    for lease in leases.states(generation_ids):
+        relayed = (
+            int(lease["tokens"]) if lease.get("tokens") else math.ceil(int(lease.get("output_len", 0)) / 4)
+        )
+        settlement.append(
+            json.dumps({"usage": "unknown", "tokens_relayed": relayed, "reservation": None, "reason": reason})
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            UPDATE {Generation._meta.db_table} AS g
+            SET state = %(cancelled)s, finished_at = %(now)s, settlement_information = v.settlement
+            FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(settlement)s::jsonb[]) AS settlement) AS v
+            WHERE g.id = v.id AND g.state = %(processing)s
+            """,
+            {**STATES, "ids": generation_ids, "settlement": settlement, "now": now},
+        )
 
 
 def _end_streams(failures: list[tuple[UUID, str]], dead_generations: list[UUID]) -> None:
@@ -322,6 +365,13 @@ def _refusal(generation_id: UUID) -> errors.DomainError:
     )
 
 
+def _refuse_past_deadline(text_request: TextRequest, now: datetime) -> None:
+    """Past the requester's deadline the job is cancelled, whatever the pass has done yet."""
+    if text_request.deadline_at and now >= text_request.deadline_at:
+        cancel_request(request_id=text_request.pk, reason=errors.GenerationDeadlineExceeded.code, now=now)
+        raise errors.GenerationCancelled("The requester's generation deadline ran out.")
+
+
 @dataclass(frozen=True)
 class ProgressResult:
     lease: str  # granted, at_cap, not_renewed or lapsed
@@ -355,6 +405,7 @@ def record_progress(
         raise _refusal(generation.pk)
     if generation.request.kind != TextRequest.Kind.CHAT:
         raise errors.BadRequest("Progress posts are for chat jobs; a text job keeps its flat lease.")
+    _refuse_past_deadline(generation.request, now)
     renewal = leases.renew(
         generation_id=generation.pk,
         request_id=generation.request_id,
@@ -411,6 +462,7 @@ def submit_generation(
         raise errors.InvalidJobID()
     if generation.worker.account_id != account.id:
         raise errors.WrongCredentials()
+    _refuse_past_deadline(generation.request, now)
     if state == "faulted":
         _give_back(generation, now)
         return 0.0
@@ -522,24 +574,31 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [STALE_PASS_LOCK_KEY])
             if not cursor.fetchone()[0]:
                 return StalePassResult(ran=False)
+        reason = (
+            "CASE WHEN r.deadline_at IS NOT NULL AND r.deadline_at <= r.expires_at"
+            " THEN 'generation_deadline_exceeded' ELSE 'request_expired' END"
+        )
         with connection.cursor() as cursor:
-            # Requests past their lifetime: cancel their running generations, then expire them.
+            # Requests past their lifetime or deadline: cancel their running generations,
+            # then expire them. Nothing restarts them.
             cursor.execute(
                 f"""
-                UPDATE {Generation._meta.db_table} AS g SET state = %(cancelled)s, finished_at = %(now)s
-                FROM {TextRequest._meta.db_table} AS r
-                WHERE g.request_id = r.id AND g.state = %(processing)s
-                  AND r.state = %(active)s AND r.expires_at <= %(now)s
-                RETURNING g.id
+                SELECT g.id, {reason} FROM {Generation._meta.db_table} AS g
+                JOIN {TextRequest._meta.db_table} AS r ON g.request_id = r.id
+                WHERE g.state = %(processing)s AND r.state = %(active)s AND r.expires_at <= %(now)s
+                FOR UPDATE OF g
                 """,
                 {**STATES, "now": now},
             )
-            cancelled = [row[0] for row in cursor.fetchall()]
+            ending = cursor.fetchall()
+            for why in {why for _, why in ending}:
+                _cancel_generations([g for g, w in ending if w == why], why, now)
+            cancelled = [generation_id for generation_id, _ in ending]
             cursor.execute(
                 f"""
-                UPDATE {TextRequest._meta.db_table} SET state = %(expired)s, queued = 0
-                WHERE state = %(active)s AND expires_at <= %(now)s
-                RETURNING id, kind
+                UPDATE {TextRequest._meta.db_table} AS r SET state = %(expired)s, queued = 0
+                WHERE r.state = %(active)s AND r.expires_at <= %(now)s
+                RETURNING r.id, r.kind, {reason}
                 """,
                 {**STATES, "now": now},
             )
@@ -556,7 +615,9 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
             rows = cursor.fetchall()
         result.cancelled_by_expiry = len(cancelled)
         result.expired_requests = len(expired)
-        expired_chats = [request_id for request_id, kind in expired if kind == TextRequest.Kind.CHAT]
+        expired_chats = [
+            (request_id, why) for request_id, kind, why in expired if kind == TextRequest.Kind.CHAT
+        ]
         result.aborted = len(rows)
         outcomes: list[tuple[UUID, str, bool]] = []
         if rows:
@@ -567,7 +628,7 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
 
         def after_commit() -> None:
             _count_stale_aborts(by_trust)
-            _end_streams([(request_id, "request_expired") for request_id in expired_chats], cancelled)
+            _end_streams(expired_chats, cancelled)
             _relay_restarts(outcomes, aborted)
 
         transaction.on_commit(after_commit)

@@ -1,5 +1,6 @@
 """The horde text routes: parse, call one service, shape the answer."""
 
+from datetime import timedelta
 from uuid import UUID
 
 from django.conf import settings
@@ -10,8 +11,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
+from jobs import deadlines, services
 from jobs import serializers as s
-from jobs import services
 from jobs.models import TextRequest
 from jobs.status import request_status
 from workers.services import authenticate
@@ -39,9 +40,15 @@ class TextAsyncView(APIView):
     )
     def post(self, request: Request) -> Response:
         account = _account(request)
+        budget = deadlines.budget_for(request, account_limit_ms=account.deadline_limit_ms)
         data = _validated(s.TextAsyncInput, request)
         if not data["prompt"]:
             raise errors.MissingPrompt()
+        deadline_at = None
+        if budget:
+            # The deadline bounds the request's life: it expires when the budget runs out.
+            budget.check()
+            deadline_at = clock.now() + timedelta(milliseconds=budget.remaining_ms())
         params = dict(data.get("params") or {"n": 1, "max_length": 80, "max_context_length": 2048})
         text_request, kudos = services.create_text_request(
             account=account,
@@ -52,6 +59,7 @@ class TextAsyncView(APIView):
             trusted_workers=data["trusted_workers"],
             slow_workers=data["slow_workers"],
             dry_run=data["dry_run"],
+            deadline_at=deadline_at,
         )
         if text_request is None:
             return Response({"kudos": kudos}, status=200)
@@ -94,7 +102,7 @@ class TextStatusView(APIView):
         return Response(request_status(text_request, now=clock.now()))
 
 
-def _pop_answer(job: services.PoppedJob | None) -> dict:
+def _pop_answer(job: services.PoppedJob | None, now) -> dict:
     if job is None:
         return {
             "payload": {},
@@ -120,6 +128,11 @@ def _pop_answer(job: services.PoppedJob | None) -> dict:
     }
     if text_request.kind == TextRequest.Kind.CHAT:
         payload["messages"] = text_request.messages
+    extra = {}
+    if text_request.deadline_at:
+        # The requester's remaining budget, rounded down, for the worker to honour.
+        remaining = text_request.deadline_at - now
+        extra["deadline_ms"] = max(0, int(remaining.total_seconds() * 1000))
     return {
         "payload": payload,
         "id": first.id,
@@ -136,6 +149,7 @@ def _pop_answer(job: services.PoppedJob | None) -> dict:
             "cap_seconds": first.cap_seconds,
             "preparation_seconds": settings.TEXT_JOB_PREPARATION_SECONDS,
         },
+        **extra,
     }
 
 
@@ -149,7 +163,9 @@ class TextPopView(APIView):
     def post(self, request: Request) -> Response:
         account = _account(request)
         data = _validated(s.PopInput, request)
+        now = clock.now()
         job = services.pop_generation(
+            now=now,
             account=account,
             name=data["name"],
             models=data["models"],
@@ -161,7 +177,7 @@ class TextPopView(APIView):
             bridge_agent=data["bridge_agent"],
             amount=data["amount"],
         )
-        return Response(s.PopOutput(_pop_answer(job)).data)
+        return Response(s.PopOutput(_pop_answer(job, now)).data)
 
 
 class TextProgressView(APIView):

@@ -34,6 +34,8 @@ class Account(models.Model):
     name = models.CharField(max_length=100, unique=True)
     api_key_hash = models.CharField(max_length=64, unique=True, editable=False)
     trusted = models.BooleanField(default=False, db_index=True)
+    # A per-account ceiling on X-MultiLLM-Deadline-Ms (seed 003): the shorter limit wins.
+    deadline_limit_ms = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = AccountQuerySet.as_manager()

@@ -270,3 +270,29 @@ def test_a_stream_committing_while_the_pass_aborts_either_commits_and_faults_or_
             outcomes["restarted"] += 1
     assert sum(outcomes.values()) == 15
     print("commit vs pass:", dict(outcomes))
+
+
+def test_a_lease_killed_before_any_post_refuses_the_first_post(chat_job, owner):
+    job = chat_job(owner)
+    leases.kill([job["id"]])  # as the stale pass does after aborting it
+    Generation.objects.filter(pk=job["id"]).update(state=Generation.State.ABORTED, finished_at=timezone.now())
+    refused = progress(owner, job["id"], 1)
+    assert (refused.status_code, refused.json()["rc"]) == (400, "AbortedGen")
+
+
+def test_the_script_answers_dead_for_a_lease_killed_before_it_existed(db):
+    generation_id = uuid.uuid4()
+    leases.kill([generation_id])
+    renewal = leases.renew(
+        generation_id=generation_id,
+        request_id=uuid.uuid4(),
+        popped_at=timezone.now(),
+        job_ttl=150,
+        cap_seconds=200,
+        trusted=False,
+        seq=1,
+        delta="x",
+        tokens=None,
+        now=timezone.now(),
+    )
+    assert (renewal.outcome, renewal.last_seq) == ("dead", 0)

@@ -1,0 +1,131 @@
+"""Generation deadlines (seed 003): `X-MultiLLM-Deadline-Ms` and its internal-hop twin.
+
+The budget is one monotonic clock started when the request reaches the ASGI app, before its
+body is read; every later phase (auth and parsing, admission, queue wait, restarts, the
+worker's generation, stream preflight) spends it. No header, no change.
+"""
+
+import hashlib
+import hmac
+import re
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.http import HttpRequest
+
+from hordeops import errors
+
+HEADER = "X-MultiLLM-Deadline-Ms"
+INTERNAL_HEADER = "X-MultiLLM-Internal-Deadline-Ms"
+SIGNATURE_HEADER = "X-MultiLLM-Internal-Signature"
+# How old (or how far ahead) a signature's timestamp may be, in seconds.
+SIGNATURE_WINDOW_SECONDS = 30
+ARRIVED_KEY = "hordeops.arrived"
+_DIGITS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A generation budget of `total_ms` on this host's monotonic clock, from `started`."""
+
+    total_ms: int
+    started: float
+
+    def remaining_ms(self) -> int:
+        """Milliseconds left, rounded down; 0 once spent."""
+        spent = (time.monotonic() - self.started) * 1000
+        return max(0, int(self.total_ms - spent))
+
+    def remaining_seconds(self) -> float:
+        return max(0.0, self.total_ms / 1000 - (time.monotonic() - self.started))
+
+    @property
+    def expired(self) -> bool:
+        return self.remaining_seconds() <= 0
+
+    def check(self) -> None:
+        if self.expired:
+            raise errors.GenerationDeadlineExceeded()
+
+
+def arrived(request: HttpRequest) -> float:
+    """The monotonic time the request reached the app (stamped by `hordeops.asgi`)."""
+    scope = getattr(request, "scope", None) or {}
+    return scope.get(ARRIVED_KEY) or getattr(request, "_hordeops_arrived", None) or time.monotonic()
+
+
+def _parse(value: str, maximum: int) -> int:
+    if not _DIGITS.fullmatch(value):
+        raise errors.InvalidGenerationDeadline()
+    ms = int(value)
+    if not 1 <= ms <= maximum:
+        raise errors.InvalidGenerationDeadline(
+            f"X-MultiLLM-Deadline-Ms must be an integer from 1 to {maximum}."
+        )
+    return ms
+
+
+def _route_limit(path: str) -> int | None:
+    return settings.GENERATION_DEADLINE_ROUTE_LIMITS_MS.get(path.rstrip("/"))
+
+
+def internal_signature(*, secret: str, method: str, path: str, value: str, timestamp: int) -> str:
+    message = f"{method.upper()}\n{path}\n{value}\n{timestamp}".encode()
+    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+
+
+def sign_internal_deadline(
+    *, secret: str, method: str, path: str, remaining_ms: int, now: float | None = None
+) -> dict[str, str]:
+    """Headers an internal caller adds to forward its remaining budget to hordeops.
+
+    The value is the rounded-down remaining milliseconds; the signature is HMAC-SHA256 with
+    the shared INTERNAL_HOP_SECRET over the method, path, that value and a fresh timestamp.
+    """
+    timestamp = int(time.time() if now is None else now)
+    value = str(int(remaining_ms))
+    signature = internal_signature(secret=secret, method=method, path=path, value=value, timestamp=timestamp)
+    return {INTERNAL_HEADER: value, SIGNATURE_HEADER: f"t={timestamp},v1={signature}"}
+
+
+def _authenticated_internal(request: HttpRequest, value: str) -> bool:
+    secret = settings.INTERNAL_HOP_SECRET
+    raw = request.headers.get(SIGNATURE_HEADER, "")
+    if not secret or not raw:
+        return False
+    parts = dict(part.split("=", 1) for part in raw.split(",") if "=" in part)
+    if not parts.get("t", "").isdigit() or "v1" not in parts:
+        return False
+    timestamp = int(parts["t"])
+    if abs(time.time() - timestamp) > SIGNATURE_WINDOW_SECONDS:
+        return False
+    expected = internal_signature(
+        secret=secret, method=request.method or "", path=request.path, value=value, timestamp=timestamp
+    )
+    return hmac.compare_digest(expected, parts["v1"])
+
+
+def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> Budget | None:
+    """The request's generation budget, or None when it sets no deadline.
+
+    Raises InvalidGenerationDeadline for a malformed header. A shorter account or route limit
+    wins; an authenticated internal hop can only shorten the budget, and an unauthenticated
+    one is ignored.
+    """
+    maximum = settings.GENERATION_DEADLINE_MAX_MS
+    if maximum is None:  # a malformed maximum disables deadlines
+        return None
+    limits = []
+    public = request.headers.get(HEADER)
+    if public is not None:
+        limits.append(_parse(public, maximum))
+    internal = request.headers.get(INTERNAL_HEADER)
+    if internal is not None and _DIGITS.fullmatch(internal) and _authenticated_internal(request, internal):
+        limits.append(max(1, int(internal)))
+    if not limits:
+        return None
+    for limit in (account_limit_ms, _route_limit(request.path)):
+        if limit:
+            limits.append(limit)
+    return Budget(total_ms=min(limits), started=arrived(request))
