@@ -284,12 +284,7 @@ def pop_generation(
         metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED)
     with transaction.atomic():
         request = next(
-            iter(
-                TextRequest.objects.raw(
-                    _pop_sql(), {**eligibility.params(now), "worker": worker.pk, "now": now}
-                )
-            ),
-            None,
+            iter(TextRequest.objects.raw(_pop_sql(), pop_params(worker, trusted=trusted, now=now))), None
         )
         if request is None:
             if worker.maintenance:
@@ -317,6 +312,27 @@ def pop_generation(
     return PoppedJob(request=request, generations=generations)
 
 
+def pop_params(worker: Worker, *, trusted: bool, now: datetime) -> dict[str, Any]:
+    """The values `_pop_sql` takes: the rule's, and the popping worker's as it checked in.
+
+    The worker is passed as constants rather than joined by id: with its values visible the
+    planner walks the queue index in order and stops at the first offer.
+    """
+    return {
+        **eligibility.params(now),
+        "now": now,
+        "w_id": worker.pk,
+        "w_account_id": worker.account_id,
+        "w_speed": worker.speed,
+        "w_max_length": worker.max_length,
+        "w_max_context_length": worker.max_context_length,
+        "w_served_models": worker.served_models,
+        "w_maintenance": worker.maintenance,
+        "w_chat": worker.chat,
+        "wa_trusted": trusted,
+    }
+
+
 @cache
 def _pop_sql() -> str:
     """The best request this worker may be offered now, locked; with its tier for it.
@@ -327,9 +343,13 @@ def _pop_sql() -> str:
     return f"""
         SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
         FROM {TextRequest._meta.db_table} AS r,
-             {Worker._meta.db_table} AS w JOIN {Account._meta.db_table} AS wa ON wa.id = w.account_id
-        WHERE w.id = %(worker)s
-          AND r.state = 'active' AND r.queued > 0 AND r.expires_at > %(now)s
+             (SELECT %(w_id)s::uuid AS id, %(w_account_id)s::bigint AS account_id,
+                     %(w_speed)s::double precision AS speed, %(w_max_length)s::integer AS max_length,
+                     %(w_max_context_length)s::integer AS max_context_length,
+                     %(w_served_models)s::varchar[] AS served_models,
+                     %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat) AS w,
+             (SELECT %(wa_trusted)s::boolean AS trusted) AS wa
+        WHERE r.state = 'active' AND r.queued > 0 AND r.expires_at > %(now)s
           AND {eligibility.offer_sql("r", "w", "wa")}
         ORDER BY r.priority DESC, r.created_at ASC
         LIMIT 1
