@@ -25,7 +25,7 @@ from hordeops.parsers import loads_strict
 from jobs import deadlines, relay, services
 from jobs.deadlines import Budget
 from jobs.models import TextRequest
-from jobs.protocols import PROTOCOLS, ChatCall, OpenAIChat, Reply, Usage
+from jobs.protocols import PROTOCOLS, ChatCall, ChatProtocol, Reply, Usage
 from workers.models import Account
 from workers.services import authenticate
 
@@ -139,7 +139,7 @@ def _api_key(request: HttpRequest) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def _start(request: HttpRequest, protocol: OpenAIChat) -> tuple[ChatCall, TextRequest, Budget | None]:
+def _start(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall, TextRequest, Budget | None]:
     """Authenticate, parse and queue: the synchronous first phase of a chat request."""
     api_key = _api_key(request)
     if not api_key:
@@ -176,7 +176,7 @@ async def _end(text_request: TextRequest, reason: str) -> None:
     await asyncio.shield(sync_to_async(_abandon, thread_sensitive=False)(text_request.id, reason))
 
 
-async def _serve(request: HttpRequest, protocol: OpenAIChat) -> HttpResponse:
+async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
     if request.method != "POST":
         return protocol.error_response(errors.MethodNotAllowed())
     try:
@@ -187,8 +187,8 @@ async def _serve(request: HttpRequest, protocol: OpenAIChat) -> HttpResponse:
         logger.exception("chat request could not be queued")
         return protocol.error_response(errors.ServiceUnavailable())
 
-    reply = Reply(id=protocol.reply_id(str(text_request.id)), model=call.model)
     usage_prompt = math.ceil(len(text_request.prompt) / 4)
+    reply = Reply(id=protocol.reply_id(str(text_request.id)), model=call.model, prompt_tokens=usage_prompt)
     follower = RequestRelay(text_request, stream=call.stream)
     try:
         first = await _next(follower, budget)

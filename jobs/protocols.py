@@ -47,6 +47,7 @@ class Reply:
 
     id: str
     model: str
+    prompt_tokens: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     # The next `sequence_number`, for a protocol that numbers its stream events (Responses).
     sequence: int = 0
@@ -584,7 +585,7 @@ class AnthropicMessages(ChatProtocol):
 
     def stream_start(self, reply: Reply) -> list[str]:
         # The prompt's token count is not known here; `message_delta` carries it at the end.
-        started = self._message(reply, [], None, {"input_tokens": 0, "output_tokens": 0})
+        started = self._message(reply, [], None, {"input_tokens": reply.prompt_tokens, "output_tokens": 0})
         return [
             sse({"type": "message_start", "message": started}, event="message_start"),
             sse(
