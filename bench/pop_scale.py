@@ -2,6 +2,8 @@
 
 Run:  .venv/bin/python bench/pop_scale.py [--pops 200] [--block 25] [--seed 7] [--keep]
 
+(about a minute and a half; the JSON goes to stdout, the path of the plans file to stderr.)
+
 It uses databases of its own, one per scenario (hordeops_bench_scale and
 hordeops_bench_scale_large, created and migrated if missing), and Redis database 12.
 For each scenario it empties the tables, bulk-creates accounts (some trusted),
@@ -20,13 +22,18 @@ processes) weighs on both alike.
 
 The target (the issue): a large pop costs no more than three times a small one.
 
-Printed, as one JSON object: per scenario the pop's wall time (median, p90, mean), the part
-of it spent in the pop query alone, the share of pops that got a job and by fallback tier,
-and the SQL statements per pop; the large/small ratios; EXPLAIN (ANALYZE, BUFFERS) timings
-of the pop query for a slow and a fast worker of the large fleet; and, under `candidate`,
-the same query timed against a scratch rewrite (`_candidate_pop_sql`, the same rule with the
-popping worker's row given as constants) for the same workers, with how often both chose
-the same request. The full plans go to a text file under /tmp whose path is printed.
+Printed, as one JSON object: the machine (cores, the 1-minute load average between blocks:
+the machine may be shared, so read the figures against it); per scenario the pop's wall time
+(median, p90, mean), the part of it spent in the pop query alone (`jobs.services._pop_sql`,
+run with `pop_params`: the popping worker's values as constants), the share of pops that got
+a job and by fallback tier, and the SQL statements per pop; the large/small ratios and
+`target_met`. For the large fleet also: EXPLAIN (ANALYZE, BUFFERS) of the pop query for a
+slow and a fast worker (the full plans go to a text file under /tmp whose path is printed),
+and two extra cases of the pop query alone, each in a transaction rolled back: `miss`, pops
+that find nothing (the worker serves only a model nobody asked for, so the whole queue is
+ruled out), and `fallback`, only slow workers left for long requests (the tiered fallback and
+its NOT EXISTS decide). The pop query runs with the server's own settings (JIT included), as
+`pop_generation` runs it.
 """
 
 import argparse
@@ -65,6 +72,8 @@ SCENARIOS = {
     "large": {"queued": 10_000, "workers": 1_000},
 }
 VACUUM_EVERY = 25
+# The large fleet's extra cases of the pop query alone (see `_case`).
+MISS_SAMPLES, FALLBACK_SAMPLES = 20, 40
 
 
 def _prepare_database(name: str) -> None:
@@ -214,6 +223,7 @@ class _Statements:
         self.count = 0
         self.sql_seconds = 0.0
         self.pop_query_seconds = 0.0
+        self.pop_queries = 0
 
     def __call__(self, execute, sql, params, many, context):
         started = time.perf_counter()
@@ -224,6 +234,7 @@ class _Statements:
             self.count += 1
             self.sql_seconds += elapsed
             if sql == self.pop_sql:
+                self.pop_queries += 1
                 self.pop_query_seconds += elapsed
 
 
@@ -273,6 +284,8 @@ class _Pops:
                 started = time.perf_counter()
                 job = _pop(worker)
                 wall = time.perf_counter() - started
+            if statements.pop_queries != 1:
+                raise RuntimeError(f"a pop ran the pop query {statements.pop_queries} times, not once")
             self.walls.append(wall)
             self.queries.append(statements.pop_query_seconds)
             self.query_by_speed.setdefault(_speed_band(worker.speed), []).append(statements.pop_query_seconds)
@@ -311,50 +324,14 @@ class _Pops:
         }
 
 
-# --- The pop query alone: EXPLAIN, and the current SQL against a scratch rewrite ----------------
+# --- The pop query alone: EXPLAIN, and the miss and fallback cases -----------------------------
 
 
 def _params(worker, now) -> dict:
-    from workers import eligibility
+    """What `pop_generation` passes to `_pop_sql`: the worker as it checked in, constants."""
+    from jobs.services import pop_params
 
-    return {**eligibility.params(now), "worker": worker.pk, "now": now}
-
-
-def _row_as_constants(instance, alias: str, prefix: str) -> tuple[str, dict]:
-    """`(SELECT %(p_col)s::type AS col, ...) AS alias`: a model row the planner can see into."""
-    from django.db import connection
-
-    columns, values = [], {}
-    for field in instance._meta.concrete_fields:
-        key = f"{prefix}{field.column}"
-        columns.append(f"%({key})s::{field.db_type(connection)} AS {connection.ops.quote_name(field.column)}")
-        values[key] = field.get_db_prep_value(getattr(instance, field.attname), connection)
-    return f"(SELECT {', '.join(columns)}) AS {alias}", values
-
-
-def _candidate_pop_sql(worker) -> tuple[str, dict]:
-    """A scratch copy of `jobs.services._pop_sql` for comparison: the same rule (the same
-    `eligibility.offer_sql` and `tier_sql` text, the same order, lock and limit), but the
-    popping worker and its account come in as constants (the row check_in_worker has just
-    written and read) instead of a join by id. The planner then estimates the filters on the
-    queue from its statistics and walks `request_pop_queue` in order, stopping at the first
-    request the worker may be offered, instead of filtering the whole queue and sorting it.
-    """
-    from jobs.models import TextRequest
-    from workers import eligibility
-
-    worker_row, worker_values = _row_as_constants(worker, "w", "w__")
-    account_row, account_values = _row_as_constants(worker.account, "wa", "wa__")
-    sql = f"""
-        SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
-        FROM {TextRequest._meta.db_table} AS r, {worker_row}, {account_row}
-        WHERE r.state = 'active' AND r.queued > 0 AND r.expires_at > %(now)s
-          AND {eligibility.offer_sql("r", "w", "wa")}
-        ORDER BY r.priority DESC, r.created_at ASC
-        LIMIT 1
-        FOR UPDATE OF r SKIP LOCKED
-    """
-    return sql, {**worker_values, **account_values}
+    return pop_params(worker, trusted=worker.account.trusted, now=now)
 
 
 def _run_once(sql: str, params: dict, setup: tuple[str, ...] = ()) -> tuple[float, object]:
@@ -373,16 +350,33 @@ def _run_once(sql: str, params: dict, setup: tuple[str, ...] = ()) -> tuple[floa
     return elapsed, None if row is None else (row[0], row[-1])
 
 
-def _compare(fleet: list, samples: int, rng: random.Random, *, case: str = "hit") -> dict:
-    """The current pop query against the candidate, for the same workers, order alternating.
+def _plan(sql: str, params: dict, setup: tuple[str, ...] = ()) -> dict:
+    """The planner's choice (EXPLAIN, not run), rolled back: its top nodes and whether JIT is on."""
+    from django.db import connection, transaction
 
-    `case` "hit" takes the fleet as it is. "miss": each worker serves only a model nobody
-    asked for, a pop that finds nothing (the worst case for both: the whole queue must be
-    ruled out). "fallback": every worker of one model is made slow (2 or 5 tokens/s or
-    unmeasured) and only the model's requests longer than any of them can finish in the base
-    lease stay queued, so that the tiered fallback and its NOT EXISTS decide; the sampled
-    workers are of that model and serve only it. Each change is made in
-    the rolled-back transaction for the current query and in the constants for the candidate.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            for statement in setup:
+                cursor.execute(statement)
+            cursor.execute("EXPLAIN " + sql, params)
+            plan = [row[0] for row in cursor.fetchall()]
+        transaction.set_rollback(True)
+    return {
+        "top_nodes": [line.strip().split("  (")[0].lstrip("-> ") for line in plan[:6] if "(cost=" in line],
+        "jit": any(line.strip().startswith("JIT:") for line in plan),
+    }
+
+
+def _case(fleet: list, samples: int, rng: random.Random, case: str) -> dict:
+    """The pop query alone, for sampled workers of the large fleet, in one of two cases.
+
+    "miss": each worker serves only a model nobody asked for, a pop that finds nothing (the
+    whole queue must be ruled out). "fallback": every worker of one model is made slow (2 or
+    5 tokens/s or unmeasured) and only the model's requests longer than any of them can
+    finish in the base lease stay queued, so that the tiered fallback and its NOT EXISTS
+    decide; the sampled workers are of that model and serve only it. The changes are made in
+    a transaction that is rolled back (the popping worker's row too, as its check-in would
+    have written it) and in the worker's constants.
     """
     from django.utils import timezone
 
@@ -392,67 +386,52 @@ def _compare(fleet: list, samples: int, rng: random.Random, *, case: str = "hit"
     from workers.models import Worker
 
     table = Worker._meta.db_table
-    setup: tuple[str, ...] = ("SET LOCAL jit = off",)
-    pool, speeds = fleet, {}
+    setup: tuple[str, ...] = ()
+    pool, speeds, figures = fleet, {}, {}
     if case == "fallback":
         model = rng.choice(MODELS)
         pool = [w for w in fleet if model in w.served_models]
-        speeds = {w.pk: rng.choice([2.0, 5.0, None]) for w in pool}
+        slow = [2.0, 5.0, None]
+        speeds = {w.pk: rng.choice(slow) for w in pool}
         values = ", ".join(
             f"('{pk}'::uuid, {'NULL' if v is None else v}::float8)" for pk, v in speeds.items()
         )
+        longest = max(capacity(speed) for speed in slow)  # the most any of them can finish
         setup += (
             f"UPDATE {table} AS w SET speed = v.speed"
             f" FROM (VALUES {values}) AS v(id, speed) WHERE w.id = v.id",
             # Only the model's requests that none of them can finish in the base lease stay.
             f"UPDATE {TextRequest._meta.db_table} SET queued = 0"
-            f" WHERE requested_models && '{{{model}}}' AND max_length <= {capacity(10)}",
+            f" WHERE requested_models && '{{{model}}}' AND max_length <= {longest}",
         )
-    current, candidate, agree, tiers = [], [], 0, Counter()
-    for n in range(samples):
+        figures = {
+            "model_workers": len(pool),
+            "model_requests_left_queued": TextRequest.objects.filter(
+                requested_models__overlap=[model], queued__gt=0, max_length__gt=longest
+            ).count(),
+        }
+    times, tiers, plan = [], Counter(), None
+    for _ in range(samples):
         worker = Worker.objects.select_related("account").get(pk=rng.choice(pool).pk)
         now = timezone.now()
-        extra: tuple[str, ...] = ()
-        if case == "miss":
-            worker.served_models = [UNSERVED_MODEL]
-            extra = (f"UPDATE {table} SET served_models = '{{{UNSERVED_MODEL}}}' WHERE id = '{worker.pk}'",)
+        served = [UNSERVED_MODEL] if case == "miss" else [model]
+        worker.served_models = served
         if case == "fallback":
             worker.speed = speeds[worker.pk]
-            worker.served_models = [model]
-            extra = (f"UPDATE {table} SET served_models = '{{{model}}}' WHERE id = '{worker.pk}'",)
-        sql, constants = _candidate_pop_sql(worker)
-        runs = [
-            ("current", _pop_sql(), _params(worker, now)),
-            ("candidate", sql, {**_params(worker, now), **constants}),
-        ]
-        if n % 2:
-            runs.reverse()
-        chosen = {}
-        for label, text, params in runs:
-            elapsed, chosen[label] = _run_once(text, params, setup + extra)
-            (current if label == "current" else candidate).append(elapsed)
-        agree += chosen["current"] == chosen["candidate"]
-        tiers["none" if chosen["current"] is None else str(chosen["current"][1])] += 1
+        extra = (f"UPDATE {table} SET served_models = '{{{served[0]}}}' WHERE id = '{worker.pk}'",)
+        params = _params(worker, now)
+        if plan is None:
+            plan = _plan(_pop_sql(), params, setup + extra)
+        elapsed, chosen = _run_once(_pop_sql(), params, setup + extra)
+        times.append(elapsed)
+        tiers["none" if chosen is None else str(chosen[1])] += 1
     return {
         "samples": samples,
-        "current": _stats(current),
-        "candidate": _stats(candidate),
-        "same_request_and_tier_chosen": f"{agree}/{samples}",
-        "tier_chosen_by_current": dict(sorted(tiers.items())),
+        **figures,
+        "pop_query": _stats(times),
+        "tier_chosen": dict(sorted(tiers.items())),
+        "plan_of_first_sample": plan,
     }
-
-
-def _jit_default(fleet: list, samples: int, rng: random.Random) -> dict:
-    """The candidate with the server's JIT setting left as it is (on, above cost 100000)."""
-    from django.utils import timezone
-
-    times = []
-    for _ in range(samples):
-        worker = rng.choice(fleet)
-        sql, constants = _candidate_pop_sql(worker)
-        elapsed, _ = _run_once(sql, {**_params(worker, timezone.now()), **constants})
-        times.append(elapsed)
-    return {"samples": samples, **_stats(times)}
 
 
 def _explain(sql: str, params: dict, label: str, worker) -> tuple[dict, str]:
@@ -461,7 +440,6 @@ def _explain(sql: str, params: dict, label: str, worker) -> tuple[dict, str]:
 
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL jit = off")
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
             plan = [row[0] for row in cursor.fetchall()]
         transaction.set_rollback(True)
@@ -472,6 +450,7 @@ def _explain(sql: str, params: dict, label: str, worker) -> tuple[dict, str]:
             figures["execution_ms"] = float(line.split()[2])
         elif line.startswith("Planning Time:"):
             figures["planning_ms"] = float(line.split()[2])
+    figures["jit"] = any(line.strip().startswith("JIT:") for line in plan)
     figures["top_nodes"] = [
         line.strip().split("  (")[0].lstrip("-> ") for line in plan[:6] if "(cost=" in line
     ]
@@ -493,15 +472,9 @@ def _explain_both(fleet: list) -> tuple[dict, list[str]]:
 
     figures, plans = {}, []
     for label, worker in (("slow", _pick(fleet, slow=True)), ("fast", _pick(fleet, slow=False))):
-        now = timezone.now()
-        figures[label], text = _explain(_pop_sql(), _params(worker, now), f"current, {label} worker", worker)
-        plans.append(text)
-        sql, constants = _candidate_pop_sql(worker)
-        candidate, text = _explain(
-            sql, {**_params(worker, now), **constants}, f"candidate, {label} worker", worker
+        figures[label], text = _explain(
+            _pop_sql(), _params(worker, timezone.now()), f"{label} worker", worker
         )
-        figures[label]["candidate_execution_ms"] = candidate.get("execution_ms")
-        figures[label]["candidate_top_nodes"] = candidate["top_nodes"]
         plans.append(text)
     return figures, plans
 
@@ -512,9 +485,6 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=25, help="pops per block; scenarios alternate by block")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--budget", type=float, default=150, help="seconds of timed pops in all, at most")
-    parser.add_argument(
-        "--compare", type=int, default=100, help="workers for the current/candidate comparison"
-    )
     parser.add_argument("--keep", action="store_true", help="leave the seeded rows in place")
     args = parser.parse_args()
 
@@ -553,18 +523,17 @@ def main() -> None:
     for name in SCENARIOS:
         results[name].update(pops[name].summary())
 
-    candidate, plans = {}, []
+    plans = []
     for name in SCENARIOS:
         _use(DATABASES[name])
-        _vacuum()
-        candidate[name] = _compare(fleets[name], args.compare, rng)
         if name == "large":
-            candidate["large_miss"] = _compare(fleets[name], 20, rng, case="miss")
-            candidate["large_fallback"] = _compare(fleets[name], 40, rng, case="fallback")
-            candidate["large_with_server_jit_setting"] = _jit_default(fleets[name], 10, rng)
+            _vacuum()
             results[name]["explain"], plans = _explain_both(fleets[name])
+            results[name]["miss"] = _case(fleets[name], MISS_SAMPLES, rng, "miss")
+            results[name]["fallback"] = _case(fleets[name], FALLBACK_SAMPLES, rng, "fallback")
         if not args.keep:
             _wipe()
+    load_after = os.getloadavg()[0]
 
     plan_path = Path(tempfile.gettempdir()) / "pop_scale_plans.txt"
     plan_path.write_text("\n".join(plans))
@@ -576,7 +545,6 @@ def main() -> None:
 
     ratio_median = ratio("median_ms", small, large)
     query = small["breakdown"]["pop_query"], large["breakdown"]["pop_query"]
-    cand = candidate["small"]["candidate"], candidate["large"]["candidate"]
     print(
         json.dumps(
             {
@@ -584,6 +552,7 @@ def main() -> None:
                 "machine": {
                     "cores": os.cpu_count(),
                     "load_average_1m_during_pops": [round(x, 2) for x in (min(loads), max(loads))],
+                    "load_average_1m_after_explain_and_cases": round(load_after, 2),
                     "python": platform.python_version(),
                     "platform": platform.platform(),
                 },
@@ -593,12 +562,9 @@ def main() -> None:
                     "pop_mean": ratio("mean_ms", small, large),
                     "pop_query_median": ratio("median_ms", *query),
                     "pop_query_mean": ratio("mean_ms", *query),
-                    "candidate_query_median": ratio("median_ms", *cand),
-                    "candidate_query_mean": ratio("mean_ms", *cand),
                 },
                 "target": "large median pop <= 3x small median pop",
                 "target_met": ratio_median <= 3,
-                "candidate": candidate,
                 "plans_file": str(plan_path),
                 "run_seconds": round(time.perf_counter() - run_started, 1),
             },

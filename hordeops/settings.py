@@ -81,7 +81,9 @@ def database_from_url(url: str) -> dict:
         "PORT": str(parts.port or 5432),
         "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),
         "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": {"connect_timeout": 5},
+        # JIT would compile the pop on every call (its cost estimate, inflated by the speed
+        # gate's NOT EXISTS, crosses jit_above_cost): tens to hundreds of ms for a ~1 ms query.
+        "OPTIONS": {"connect_timeout": 5, "options": "-c jit=off"},
         "TEST": {"NAME": env_str("TEST_DATABASE_NAME", "test_hordeops")},
     }
 
