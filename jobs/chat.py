@@ -8,7 +8,6 @@ protocol's error event instead of a restart. A client that goes away cancels its
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -187,7 +186,7 @@ async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
         logger.exception("chat request could not be queued")
         return protocol.error_response(errors.ServiceUnavailable())
 
-    usage_prompt = math.ceil(len(text_request.prompt) / 4)
+    usage_prompt = services.prompt_tokens(text_request.prompt)
     reply = Reply(id=protocol.reply_id(str(text_request.id)), model=call.model, prompt_tokens=usage_prompt)
     follower = RequestRelay(text_request, stream=call.stream)
     try:

@@ -41,9 +41,20 @@ MAINTENANCE_REASON = (
 )
 
 
+def prompt_tokens(text: str) -> int:
+    """Tokens in a text, estimated as the AI Horde does: about four characters a token."""
+    return math.ceil(len(text) / 4)
+
+
 def estimate_tokens(text: str, max_length: int) -> int:
-    """The AI Horde's count of generated tokens: about four characters a token."""
-    return min(max_length, max(20, math.ceil(len(text) / 4)))
+    """The AI Horde's count of generated tokens ("things"): at least 20, at most max_length."""
+    return min(max_length, max(20, prompt_tokens(text)))
+
+
+def _require_known_models(models: list[str]) -> None:
+    """A model is known while some registered worker declares it."""
+    if models and not Worker.objects.filter(served_models__overlap=models).exists():
+        raise errors.UnknownModel("No worker serves any of the requested models: " + ", ".join(models[:5]))
 
 
 def lease_cap_seconds(*, trusted: bool) -> int:
@@ -76,8 +87,7 @@ def create_text_request(
     if max_context_length < max_length:
         raise errors.TokenOverflow()
     kudos = round(max_length * n / 10, 2)
-    if models and not Worker.objects.filter(served_models__overlap=models).exists():
-        raise errors.UnknownModel("No worker serves any of the requested models: " + ", ".join(models[:5]))
+    _require_known_models(models)
     if workers:
         known = set(Worker.objects.filter(pk__in=workers).values_list("pk", flat=True))
         missing = [str(w) for w in workers if w not in known]
@@ -129,8 +139,7 @@ def create_chat_request(
 ) -> TextRequest:
     """Queue a chat job for one reply of at most `max_length` tokens from `model`."""
     now = now or clock.now()
-    if not Worker.objects.filter(served_models__overlap=[model]).exists():
-        raise errors.UnknownModel(f"No worker serves the model {model!r}.")
+    _require_known_models([model])
     prompt = render_chat_prompt(messages)
     return TextRequest.objects.create(
         account=account,
@@ -140,7 +149,7 @@ def create_chat_request(
         params=params,
         max_length=max_length,
         # The worker must hold the prompt and the whole reply in its context.
-        max_context_length=estimate_tokens(prompt, 1 << 30) + max_length,
+        max_context_length=max(20, prompt_tokens(prompt)) + max_length,
         requested_models=[model],
         n=1,
         queued=1,
