@@ -23,6 +23,8 @@ SIGNATURE_HEADER = "X-MultiLLM-Internal-Signature"
 SIGNATURE_WINDOW_SECONDS = 30
 ARRIVED_KEY = "hordeops.arrived"
 _DIGITS = re.compile(r"[0-9]+")
+# Longer digit strings are refused before int() (Python refuses over 4300 digits: a 500).
+_MAX_DIGITS = 15
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,10 @@ def arrived(request: HttpRequest) -> float:
 def _parse(value: str, maximum: int) -> int:
     if not _DIGITS.fullmatch(value):
         raise errors.InvalidGenerationDeadline()
-    ms = int(value)
+    if len(value.lstrip("0")) > _MAX_DIGITS:
+        ms = maximum + 1  # out of range, whatever its exact value
+    else:
+        ms = int(value)
     if not 1 <= ms <= maximum:
         raise errors.InvalidGenerationDeadline(
             f"X-MultiLLM-Deadline-Ms must be an integer from 1 to {maximum}."
@@ -95,7 +100,7 @@ def _authenticated_internal(request: HttpRequest, value: str) -> bool:
     if not secret or not raw:
         return False
     parts = dict(part.split("=", 1) for part in raw.split(",") if "=" in part)
-    if not parts.get("t", "").isdigit() or "v1" not in parts:
+    if not _DIGITS.fullmatch(parts.get("t", "")) or len(parts["t"]) > _MAX_DIGITS or "v1" not in parts:
         return False
     timestamp = int(parts["t"])
     if abs(time.time() - timestamp) > SIGNATURE_WINDOW_SECONDS:
@@ -103,7 +108,8 @@ def _authenticated_internal(request: HttpRequest, value: str) -> bool:
     expected = internal_signature(
         secret=secret, method=request.method or "", path=request.path, value=value, timestamp=timestamp
     )
-    return hmac.compare_digest(expected, parts["v1"])
+    # As bytes: compare_digest raises TypeError on a str with non-ASCII characters.
+    return hmac.compare_digest(expected.encode(), parts["v1"].encode())
 
 
 def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> Budget | None:
@@ -121,7 +127,12 @@ def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> 
     if public is not None:
         limits.append(_parse(public, maximum))
     internal = request.headers.get(INTERNAL_HEADER)
-    if internal is not None and _DIGITS.fullmatch(internal) and _authenticated_internal(request, internal):
+    if (
+        internal is not None
+        and _DIGITS.fullmatch(internal)
+        and len(internal.lstrip("0")) <= _MAX_DIGITS
+        and _authenticated_internal(request, internal)
+    ):
         limits.append(max(1, int(internal)))
     if not limits:
         return None
