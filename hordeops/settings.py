@@ -42,6 +42,18 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false")
 
 
+# The largest maximum accepted: about 24 days, far beyond any generation, and safe for
+# the date arithmetic a deadline goes through.
+DEADLINE_MS_CEILING = 2**31 - 1
+
+
+def _ascii_int(raw: str) -> int | None:
+    """A plain ASCII decimal integer, or None (str.isdigit() also accepts '²' and '١')."""
+    if raw and raw.isascii() and raw.isdigit() and len(raw) <= 15:
+        return int(raw)
+    return None
+
+
 def env_deadline_max_ms(name: str, default: int) -> int | None:
     """Return the largest accepted deadline, or None when deadlines are disabled.
 
@@ -51,8 +63,9 @@ def env_deadline_max_ms(name: str, default: int) -> int | None:
     raw = os.environ.get(name, "")
     if raw.strip() == "":
         return default
-    if raw.isdigit() and int(raw) >= 1:
-        return int(raw)
+    value = _ascii_int(raw)
+    if value is not None and 1 <= value <= DEADLINE_MS_CEILING:
+        return value
     logger.warning("%s is malformed; generation deadlines are disabled", name)
     return None
 
@@ -61,10 +74,11 @@ def env_route_limits(name: str) -> dict[str, int]:
     """`/v1/messages=30000,/v1/responses=60000`: per-route deadline ceilings in ms."""
     limits = {}
     for item in filter(None, (part.strip() for part in os.environ.get(name, "").split(","))):
-        path, _, ms = item.partition("=")
-        if not ms.strip().isdigit() or int(ms) < 1:
+        path, _, raw_ms = item.partition("=")
+        ms = _ascii_int(raw_ms.strip())
+        if ms is None or not 1 <= ms <= DEADLINE_MS_CEILING:
             raise ImproperlyConfigured(f"{name} must be path=milliseconds pairs")
-        limits[path.strip().rstrip("/")] = int(ms)
+        limits[path.strip().rstrip("/")] = ms
     return limits
 
 

@@ -22,11 +22,12 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.test import Client
 
 from hordeops import clock
-from hordeops.settings import env_deadline_max_ms
+from hordeops.settings import env_deadline_max_ms, env_route_limits
 from jobs import deadlines, services
 from jobs.models import Generation, TextRequest
 from tests.live import Background, ChatWorker
@@ -409,16 +410,20 @@ def test_a_malformed_maximum_disables_deadlines_with_one_warning_that_hides_the_
     assert raw.strip() not in warning.getMessage() and raw not in repr(warning.args)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="hordeops/settings.py env_deadline_max_ms: '²'.isdigit() is True but int('²') raises "
-    "ValueError, so the settings import crashes instead of disabling deadlines with a warning",
-)
-def test_a_maximum_of_non_ascii_digits_is_malformed_too(monkeypatch, caplog):
-    monkeypatch.setenv(NAME, "²")
+@pytest.mark.parametrize("raw", ["²", "١٢", "9" * 16, str(2**31)])
+def test_a_maximum_of_non_ascii_digits_or_beyond_the_ceiling_is_malformed_too(monkeypatch, caplog, raw):
+    monkeypatch.setenv(NAME, raw)
     assert env_deadline_max_ms(NAME, 300000) is None
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+
+
+def test_route_limits_take_ascii_milliseconds_only(monkeypatch):
+    monkeypatch.setenv("ROUTE_LIMITS", "/v1/messages=30000, /v1/responses/=60000")
+    assert env_route_limits("ROUTE_LIMITS") == {"/v1/messages": 30000, "/v1/responses": 60000}
+    for bad in ("/v1/messages=١٢", "/v1/messages=0", "/v1/messages"):
+        monkeypatch.setenv("ROUTE_LIMITS", bad)
+        with pytest.raises(ImproperlyConfigured):
+            env_route_limits("ROUTE_LIMITS")
 
 
 def test_disabled_deadlines_ignore_the_header_and_a_set_maximum_bounds_it(requester, owner, settings):
