@@ -93,11 +93,20 @@ def database_from_url(url: str) -> dict:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "127.0.0.1",
         "PORT": str(parts.port or 5432),
-        "CONN_MAX_AGE": env_int("DATABASE_CONN_MAX_AGE", 60),
-        "CONN_HEALTH_CHECKS": True,
-        # JIT would compile the pop on every call (its cost estimate, inflated by the speed
-        # gate's NOT EXISTS, crosses jit_above_cost): tens to hundreds of ms for a ~1 ms query.
-        "OPTIONS": {"connect_timeout": 5, "options": "-c jit=off"},
+        # Under ASGI each request's sync code may run on a thread of its own, so persistent
+        # per-thread connections would pile up; a process-wide pool reuses them instead.
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {
+            "connect_timeout": 5,
+            # JIT would compile the pop on every call (its cost estimate, inflated by the speed
+            # gate's NOT EXISTS, crosses jit_above_cost): tens to hundreds of ms for ~1 ms.
+            "options": "-c jit=off",
+            "pool": {
+                "min_size": env_int("DATABASE_POOL_MIN_SIZE", 2),
+                "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20),
+                "timeout": 10,
+            },
+        },
         "TEST": {"NAME": env_str("TEST_DATABASE_NAME", "test_hordeops")},
     }
 

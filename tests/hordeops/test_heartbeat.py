@@ -1,5 +1,7 @@
 """`GET /api/v2/status/heartbeat`: 200 when PostgreSQL and Redis answer, 503 otherwise."""
 
+import copy
+
 import pytest
 from django.db import connection
 from rest_framework.test import APIClient
@@ -26,13 +28,17 @@ def test_it_answers_503_when_redis_is_unreachable(db, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_it_answers_503_when_postgresql_is_unreachable():
+    saved = copy.deepcopy(connection.settings_dict)
     connection.close()
-    port = connection.settings_dict["PORT"]
+    connection.close_pool()  # the next connection comes from a new pool, on the new port
     connection.settings_dict["PORT"] = "1"  # nothing listens on port 1
+    connection.settings_dict["OPTIONS"]["pool"] = {**saved["OPTIONS"]["pool"], "min_size": 0, "timeout": 1}
     try:
         answer = APIClient().get("/api/v2/status/heartbeat")
     finally:
         connection.close()
-        connection.settings_dict["PORT"] = port
+        connection.close_pool()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
     assert answer.status_code == 503
     assert answer.json() == {"message": "Cannot reach PostgreSQL.", "rc": "ServiceUnavailable"}
