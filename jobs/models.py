@@ -27,9 +27,6 @@ class TextRequestQuerySet(models.QuerySet["TextRequest"]):
             Q(priority__gt=request.priority) | Q(priority=request.priority, created_at__lt=request.created_at)
         )
 
-    def lapsed(self, now: datetime) -> "TextRequestQuerySet":
-        return self.filter(state=TextRequest.State.ACTIVE, expires_at__lte=now)
-
 
 class TextRequest(models.Model):
     """A requester's text or chat request: `n` generations wanted of one prompt."""

@@ -632,14 +632,15 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
                 {**STATES, "now": now},
             )
             expired = cursor.fetchall()
+            # `Generation.objects.stale(now)` says what lapsed; one UPDATE aborts it all.
+            lapsed, lapsed_params = Generation.objects.stale(now).values("pk").query.sql_with_params()
             cursor.execute(
                 f"""
-                UPDATE {Generation._meta.db_table} SET state = %(aborted)s, finished_at = %(now)s
-                WHERE state = %(processing)s
-                  AND popped_at + interval '1 second' * job_ttl < %(now)s
+                UPDATE {Generation._meta.db_table} SET state = %s, finished_at = %s
+                WHERE state = %s AND id IN ({lapsed})
                 RETURNING id, request_id, worker_id, trusted_at_pop
                 """,
-                {**STATES, "now": now},
+                [Generation.State.ABORTED, now, Generation.State.PROCESSING, *lapsed_params],
             )
             rows = cursor.fetchall()
         result.cancelled_by_expiry = len(cancelled)
