@@ -54,10 +54,6 @@ def params(now: datetime) -> dict[str, Any]:
     }
 
 
-def capacity_sql(w: str) -> str:
-    return f"(coalesce({w}.speed, %(unmeasured)s) * %(window)s)"
-
-
 def tier_sql(r: str, w: str, wa: str) -> str:
     """1, 2 or 3 as above; always 1 for a legacy text job."""
     speed = f"coalesce({w}.speed, %(unmeasured)s)"

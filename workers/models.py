@@ -1,9 +1,7 @@
 import hashlib
 import secrets
 import uuid
-from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
@@ -51,12 +49,6 @@ class Account(models.Model):
         return self.api_key_hash == hash_api_key(ANONYMOUS_API_KEY)
 
 
-class WorkerQuerySet(models.QuerySet["Worker"]):
-    def online(self, now: datetime) -> "WorkerQuerySet":
-        since = now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS)
-        return self.filter(last_pop_at__gte=since)
-
-
 class Worker(models.Model):
     """A volunteer's LLM server, created by its first pop under a name."""
 
@@ -87,8 +79,6 @@ class Worker(models.Model):
     uncompleted_jobs = models.PositiveIntegerField(default=0)
     maintenance = models.BooleanField(default=False)
     maintenance_reason = models.CharField(max_length=500, blank=True, default="")
-
-    objects = WorkerQuerySet.as_manager()
 
     class Meta:
         ordering = ("name",)
