@@ -632,15 +632,17 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
                 {**STATES, "now": now},
             )
             expired = cursor.fetchall()
-            # `Generation.objects.stale(now)` says what lapsed; one UPDATE aborts it all.
-            lapsed, lapsed_params = Generation.objects.stale(now).values("pk").query.sql_with_params()
+            # The lapse test (`Generation.objects.stale(now)`, spelled out) must sit in this
+            # UPDATE's own WHERE: a renewal committed while the pass waits on the row lock is
+            # then re-checked against the renewed job_ttl. A subquery would not be re-checked.
             cursor.execute(
                 f"""
-                UPDATE {Generation._meta.db_table} SET state = %s, finished_at = %s
-                WHERE state = %s AND id IN ({lapsed})
+                UPDATE {Generation._meta.db_table} SET state = %(aborted)s, finished_at = %(now)s
+                WHERE state = %(processing)s
+                  AND popped_at + interval '1 second' * job_ttl < %(now)s
                 RETURNING id, request_id, worker_id, trusted_at_pop
                 """,
-                [Generation.State.ABORTED, now, Generation.State.PROCESSING, *lapsed_params],
+                {**STATES, "now": now},
             )
             rows = cursor.fetchall()
         result.cancelled_by_expiry = len(cancelled)
