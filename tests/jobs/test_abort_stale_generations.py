@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from hordeops import metrics
 from jobs.models import Generation, TextRequest
@@ -197,3 +198,15 @@ def test_the_management_command_runs_one_pass(requester, owner, clock, capsys):
     call_command("abort_stale_generations")
     assert "Aborted 1 stale generations" in capsys.readouterr().out
     assert Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED
+
+
+def test_the_stale_read_query_lists_exactly_what_the_pass_aborts(requester, owner, clock):
+    _, first = _queue_and_pop(requester, owner, "w1")
+    clock.shift(100)
+    _, second = _queue_and_pop(requester, owner, "w2")
+    clock.shift(60)  # the first lease lapsed at 150 s; the second has 90 s left
+    now = timezone.now()
+    assert [str(g.pk) for g in Generation.objects.stale(now)] == [first]
+    abort_stale_generations(now=now)
+    assert Generation.objects.get(pk=first).state == Generation.State.ABORTED
+    assert Generation.objects.get(pk=second).state == Generation.State.PROCESSING
