@@ -1,38 +1,137 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.utils import timezone
 
+from workers import services
 from workers.models import Account, Worker
 
 
+class ModeratedFieldsMixin:
+    """Superusers may change everything; moderators only `moderated_fields`."""
+
+    moderated_fields: tuple[str, ...] = ()
+
+    def get_readonly_fields(self, request, obj=None):
+        if request.user.is_superuser:
+            return super().get_readonly_fields(request, obj)
+        return tuple(f for f in self.fields if f not in self.moderated_fields)
+
+
 @admin.register(Account)
-class AccountAdmin(admin.ModelAdmin):
+class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     list_display = ("name", "trusted", "deadline_limit_ms", "created_at")
+    list_editable = ("trusted",)
     list_filter = ("trusted",)
     search_fields = ("name",)
     fields = ("name", "trusted", "deadline_limit_ms", "created_at")
     readonly_fields = ("created_at",)
+    moderated_fields = ("trusted", "deadline_limit_ms")
+    actions = ("trust", "untrust")
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return request.user.is_superuser
+
+    def _set_trust(self, request, queryset, trusted: bool) -> None:
+        changing = list(queryset.exclude(trusted=trusted))
+        services.set_trust(accounts=queryset, trusted=trusted)
+        word = "Trusted" if trusted else "Untrusted"
+        for account in changing:
+            self.log_change(
+                request, account, f"{word} (their workers' next pops get the matching lease cap)."
+            )
+        self.message_user(request, f"{word} {len(changing)} account(s).", messages.SUCCESS)
+
+    @admin.action(description="Trust the selected accounts", permissions=["change"])
+    def trust(self, request, queryset) -> None:
+        self._set_trust(request, queryset, True)
+
+    @admin.action(description="Untrust the selected accounts", permissions=["change"])
+    def untrust(self, request, queryset) -> None:
+        self._set_trust(request, queryset, False)
 
 
 @admin.register(Worker)
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     list_display = (
         "name",
         "account",
-        "speed",
+        "speed_shown",
+        "capacity_shown",
+        "online",
         "chat",
         "max_length",
         "maintenance",
-        "aborted_jobs",
-        "last_pop_at",
+        "aborts_last_hour",
     )
     list_filter = ("maintenance", "chat")
     list_select_related = ("account",)
     search_fields = ("name",)
-    readonly_fields = (
+    fields = (
+        "name",
+        "account",
+        "served_models",
+        "chat",
+        "max_length",
+        "max_context_length",
+        "threads",
         "speed",
-        "speed_samples",
         "completed_jobs",
         "aborted_jobs",
+        "aborts_window_start",
+        "uncompleted_jobs",
+        "maintenance",
+        "maintenance_reason",
+        "last_pop_at",
+    )
+    readonly_fields = (
+        "speed",
+        "completed_jobs",
+        "aborted_jobs",
+        "aborts_window_start",
         "uncompleted_jobs",
         "last_pop_at",
     )
+    moderated_fields = ("maintenance", "maintenance_reason")
     raw_id_fields = ("account",)
+    actions = ("enter_maintenance", "leave_maintenance")
+    show_full_result_count = False
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.display(description="speed (tokens/s)", ordering="speed")
+    def speed_shown(self, worker: Worker) -> str:
+        return "unmeasured" if worker.speed is None else f"{worker.speed:.1f}"
+
+    @admin.display(description="chat capacity (tokens)")
+    def capacity_shown(self, worker: Worker) -> int:
+        return worker.capacity
+
+    @admin.display(description="online", boolean=True)
+    def online(self, worker: Worker) -> bool:
+        from django.conf import settings
+
+        return (timezone.now() - worker.last_pop_at).total_seconds() <= settings.WORKER_ONLINE_SECONDS
+
+    @admin.display(description="aborts in the last hour")
+    def aborts_last_hour(self, worker: Worker) -> int:
+        start = worker.aborts_window_start
+        if start is None or (timezone.now() - start).total_seconds() > 3600:
+            return 0
+        return worker.aborted_jobs
+
+    @admin.action(description="Put the selected workers into maintenance", permissions=["change"])
+    def enter_maintenance(self, request, queryset) -> None:
+        changed = services.set_maintenance(
+            workers=queryset, maintenance=True, reason=f"Set by {request.user}."
+        )
+        for worker in queryset:
+            self.log_change(request, worker, "Put into maintenance.")
+        self.message_user(request, f"{changed} worker(s) in maintenance.", messages.SUCCESS)
+
+    @admin.action(description="Take the selected workers out of maintenance", permissions=["change"])
+    def leave_maintenance(self, request, queryset) -> None:
+        changed = services.set_maintenance(workers=queryset, maintenance=False)
+        for worker in queryset:
+            self.log_change(request, worker, "Taken out of maintenance.")
+        self.message_user(request, f"{changed} worker(s) out of maintenance.", messages.SUCCESS)

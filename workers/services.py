@@ -62,3 +62,16 @@ def check_in_worker(
     for field, value in declared.items():
         setattr(worker, field, value)
     return worker
+
+
+def set_trust(*, accounts, trusted: bool) -> int:
+    """Trust or untrust accounts; their workers' next pops get the matching lease cap."""
+    return accounts.exclude(trusted=trusted).update(trusted=trusted)
+
+
+def set_maintenance(*, workers, maintenance: bool, reason: str = "") -> int:
+    """Put workers into maintenance (they then serve only their owner) or take them out."""
+    if maintenance:
+        return workers.update(maintenance=True, maintenance_reason=reason or "Set by a moderator.")
+    # Leaving maintenance starts the abort window afresh, as the AI Horde's reset does.
+    return workers.update(maintenance=False, maintenance_reason="", aborted_jobs=0)

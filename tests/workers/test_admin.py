@@ -1,0 +1,101 @@
+"""The moderators' admin: who sees what, the trust toggle and maintenance, all logged."""
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Group, Permission, User
+
+from workers.models import Account, Worker
+from workers.moderation import MODERATORS, grant_moderators
+
+
+@pytest.fixture
+def moderator(db, client):
+    user = User.objects.create_user("mod", password="pw", is_staff=True)
+    # A transactional test empties auth_group too; the migration made it, this remakes it.
+    user.groups.add(grant_moderators(Group, Permission))
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def plain_staff(db, client):
+    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(user)
+    return client
+
+
+PAGES = (
+    "/admin/workers/account/",
+    "/admin/workers/worker/",
+    "/admin/jobs/textrequest/",
+    "/admin/jobs/generation/",
+)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_moderator_sees_every_hordeops_list(moderator, owner, page):
+    owner.pop("w")
+    assert moderator.get(page).status_code == 200
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_staff_outside_the_moderators_see_nothing_of_hordeops(plain_staff, page):
+    assert plain_staff.get(page).status_code == 403
+    assert b"Accounts and workers" not in plain_staff.get("/admin/").content
+
+
+def test_the_trust_action_changes_the_cap_of_the_next_pop_and_is_logged(moderator, owner, requester):
+    owner.pop("w")
+    requester.request_text(models=["m1"])
+    answer = moderator.post(
+        "/admin/workers/account/", {"action": "trust", "_selected_action": [owner.account.pk]}, follow=True
+    )
+    assert answer.status_code == 200
+    assert Account.objects.get(pk=owner.account.pk).trusted is True
+    assert owner.pop("w").json()["lease"]["cap_seconds"] == 600
+    [entry] = LogEntry.objects.filter(object_id=str(owner.account.pk))
+    assert entry.user.username == "mod"
+    assert "Trusted" in entry.get_change_message()
+    moderator.post("/admin/workers/account/", {"action": "untrust", "_selected_action": [owner.account.pk]})
+    assert Account.objects.get(pk=owner.account.pk).trusted is False
+    assert LogEntry.objects.filter(object_id=str(owner.account.pk)).count() == 2
+
+
+def test_a_moderator_changes_only_trust_and_the_deadline_limit(moderator, owner):
+    page = f"/admin/workers/account/{owner.account.pk}/change/"
+    moderator.post(page, {"name": "renamed", "trusted": "on", "deadline_limit_ms": "5000"})
+    account = Account.objects.get(pk=owner.account.pk)
+    assert (account.name, account.trusted, account.deadline_limit_ms) == ("owner", True, 5000)
+    assert moderator.get("/admin/workers/account/add/").status_code == 403
+
+
+def test_maintenance_actions_enter_and_leave_with_a_reason_and_a_log(moderator, owner):
+    owner.pop("w")
+    worker = Worker.objects.get(name="w")
+    moderator.post("/admin/workers/worker/", {"action": "enter_maintenance", "_selected_action": [worker.pk]})
+    worker.refresh_from_db()
+    assert worker.maintenance is True and "mod" in worker.maintenance_reason
+    assert owner.pop("w").status_code == 403  # WorkerMaintenance: nothing of its own waits
+    moderator.post("/admin/workers/worker/", {"action": "leave_maintenance", "_selected_action": [worker.pk]})
+    worker.refresh_from_db()
+    assert (worker.maintenance, worker.maintenance_reason) == (False, "")
+    assert LogEntry.objects.filter(object_id=str(worker.pk)).count() == 2
+
+
+def test_the_worker_list_shows_unmeasured_speed_and_capacity(moderator, owner):
+    owner.pop("fresh", chat=True)
+    html = moderator.get("/admin/workers/worker/").content.decode()
+    assert "unmeasured" in html
+    assert "1200" in html  # 10 tokens/s x (150 - 30) s
+
+
+def test_the_migration_made_the_moderators_group_with_its_permissions(db):
+    group = Group.objects.get(name=MODERATORS)
+    assert sorted(group.permissions.values_list("codename", flat=True)) == [
+        "change_account",
+        "change_worker",
+        "view_account",
+        "view_generation",
+        "view_textrequest",
+        "view_worker",
+    ]
