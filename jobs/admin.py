@@ -1,6 +1,26 @@
 from django.contrib import admin
+from django.db.models import F
+from django.utils import timezone
 
-from jobs.models import Generation, TextRequest
+from jobs.models import Generation, SecondsAfter, TextRequest
+
+
+class LeaseFilter(admin.SimpleListFilter):
+    title = "lease"
+    parameter_name = "lease"
+
+    def lookups(self, request, model_admin):
+        return (("live", "Live"), ("lapsed", "Lapsed, not yet aborted"), ("aborted", "Aborted as stale"))
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        if self.value() == "live":
+            return queryset.processing().exclude(pk__in=Generation.objects.stale(now).values("pk"))
+        if self.value() == "lapsed":
+            return queryset.filter(pk__in=Generation.objects.stale(now).values("pk"))
+        if self.value() == "aborted":
+            return queryset.filter(state=Generation.State.ABORTED)
+        return queryset
 
 
 @admin.register(TextRequest)
@@ -35,13 +55,15 @@ class GenerationAdmin(admin.ModelAdmin):
         "worker",
         "model",
         "popped_at",
-        "job_ttl",
+        "lease_end",
+        "seconds_left",
         "cap_seconds",
         "renewals",
         "trusted_at_pop",
         "fallback_tier",
+        "capacity_limited",
     )
-    list_filter = ("state", "fallback_tier", "trusted_at_pop", "capacity_limited")
+    list_filter = (LeaseFilter, "state", "fallback_tier", "trusted_at_pop", "capacity_limited")
     list_select_related = ("worker",)
     search_fields = ("=id",)
     # The response text is the requester's: not shown. Settlement information is read-only.
@@ -53,3 +75,16 @@ class GenerationAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(lease_end_at=SecondsAfter(F("popped_at"), F("job_ttl")))
+
+    @admin.display(description="lease end", ordering="lease_end_at")
+    def lease_end(self, generation: Generation):
+        return generation.lease_expires_at
+
+    @admin.display(description="seconds left")
+    def seconds_left(self, generation: Generation) -> int | str:
+        if generation.state != Generation.State.PROCESSING:
+            return "-"
+        return max(0, int((generation.lease_expires_at - timezone.now()).total_seconds()))

@@ -1,9 +1,13 @@
 """The moderators' admin: who sees what, the trust toggle and maintenance, all logged."""
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Group, Permission, User
 
+from jobs.models import Generation
+from jobs.services import abort_stale_generations
 from workers.models import Account, Worker
 from workers.moderation import MODERATORS, grant_moderators
 
@@ -99,3 +103,23 @@ def test_the_migration_made_the_moderators_group_with_its_permissions(db):
         "view_textrequest",
         "view_worker",
     ]
+
+
+def test_the_generation_list_shows_live_leases_and_filters_live_lapsed_and_aborted(
+    moderator, owner, requester, time_machine
+):
+    time_machine.move_to("2026-08-01 12:00:00+00:00", tick=False)
+    owner.pop("w")
+    ids = []
+    for _ in range(3):
+        requester.request_text(models=["m1"])
+        ids.append(owner.pop("w").json()["id"])
+        time_machine.shift(100)
+    # Popped at 0, 100 and 200 s; now 300 s: the first is aborted, the second lapsed, the third live.
+    abort_stale_generations(now=Generation.objects.get(pk=ids[0]).popped_at + timedelta(seconds=151))
+    page = moderator.get("/admin/jobs/generation/").content.decode()
+    assert "Seconds left" in page and ">50<" in page  # the live one: 200 + 150 - 300
+    for lease, expected in (("live", ids[2]), ("lapsed", ids[1]), ("aborted", ids[0])):
+        html = moderator.get(f"/admin/jobs/generation/?lease={lease}").content.decode()
+        assert expected in html, lease
+        assert all(other not in html for other in ids if other != expected), lease
