@@ -36,14 +36,8 @@ class Event:
 
 
 def publish(request_id: UUID, type_: str, generation_id: UUID | str = "", **fields: str | int) -> None:
-    client = get_redis_connection("default")
-    key = relay_key(request_id)
-    pipe = client.pipeline(transaction=False)
-    pipe.xadd(
-        key, {"type": type_, "generation": str(generation_id), **{k: str(v) for k, v in fields.items()}}
-    )
-    pipe.expire(key, settings.TEXT_REQUEST_LIFETIME_SECONDS + KEY_GRACE_SECONDS)
-    pipe.execute()
+    """Append one event to the request's relay stream."""
+    publish_many([(request_id, type_, str(generation_id), {k: str(v) for k, v in fields.items()})])
 
 
 def publish_many(events: list[tuple[UUID, str, str, dict[str, str]]]) -> None:
