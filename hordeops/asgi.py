@@ -1,11 +1,16 @@
 import os
 import time
 
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 
-django_application = get_asgi_application()
+# The admin's few assets (CSS, its scripts, the lease countdown) are served by Django's own
+# static handler under /static/, so that the stack needs nothing in front of it; a public
+# deployment puts `collectstatic` output behind its reverse proxy instead. The API and chat
+# routes never pass through it.
+django_application = ASGIStaticFilesHandler(get_asgi_application())
 
 
 async def application(scope, receive, send):

@@ -4,16 +4,23 @@ The stale pass runs in a Celery worker and progress posts in any of several web 
 yet `/metrics` on any web process must show them all: so the counters live in one Redis
 hash, incremented by whoever counts (the lease Lua script increments renewals itself), and
 a collector reads the hash at scrape time. Every label set is exported from the start.
+
+Each count also lands in a per-minute hash that lives two hours, so that the operations page
+can show the last hour minute by minute without a time-series database.
 """
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from prometheus_client.core import REGISTRY, CounterMetricFamily
 from prometheus_client.registry import Collector
 
 METRICS_KEY = "hordeops:metrics"
+MINUTE_KEY_PREFIX = "hordeops:metrics:minute:"
+# A minute's hash outlives the hour the operations page shows, with room for clock skew.
+MINUTE_KEY_TTL_SECONDS = 2 * 3600
 TRUST_LABELS = ("trusted", "untrusted")
 
 
@@ -60,13 +67,33 @@ def _redis():
     return get_redis_connection("default")
 
 
-def increment(counter: HordeCounter, *values: str, amount: int = 1) -> None:
-    _redis().hincrby(METRICS_KEY, counter.field(*values), amount)
+def minute_key(now: datetime) -> str:
+    return f"{MINUTE_KEY_PREFIX}{int(now.timestamp()) // 60}"
+
+
+def increment(counter: HordeCounter, *values: str, amount: int = 1, now: datetime) -> None:
+    field, bucket = counter.field(*values), minute_key(now)
+    pipe = _redis().pipeline(transaction=False)
+    pipe.hincrby(METRICS_KEY, field, amount)
+    pipe.hincrby(bucket, field, amount)
+    pipe.expire(bucket, MINUTE_KEY_TTL_SECONDS)
+    pipe.execute()
 
 
 def value(counter: HordeCounter, *values: str) -> int:
     raw = _redis().hget(METRICS_KEY, counter.field(*values))
     return int(raw or 0)
+
+
+def per_minute(*, now: datetime, minutes: int = 60) -> dict[str, list[int]]:
+    """Each counter field's counts in the last `minutes` minutes, oldest first, the current one last."""
+    current = int(now.timestamp()) // 60
+    pipe = _redis().pipeline(transaction=False)
+    for minute in range(current - minutes + 1, current + 1):
+        pipe.hgetall(f"{MINUTE_KEY_PREFIX}{minute}")
+    buckets = pipe.execute()
+    fields = [c.field(*labels) for c in COUNTERS for labels in c.label_sets]
+    return {f: [int(b.get(f.encode(), 0)) for b in buckets] for f in fields}
 
 
 class RedisCounterCollector(Collector):

@@ -134,7 +134,7 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_str("ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "hordeops.apps.HordeAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -167,7 +167,7 @@ WSGI_APPLICATION = "hordeops.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "hordeops" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.db.models import F
 from django.utils import timezone
+from django.utils.html import format_html
 
 from jobs.models import Generation, SecondsAfter, TextRequest
 
@@ -20,6 +21,27 @@ class LeaseFilter(admin.SimpleListFilter):
             return queryset.filter(pk__in=Generation.objects.stale(now).values("pk"))
         if self.value() == "aborted":
             return queryset.filter(state=Generation.State.ABORTED)
+        return queryset
+
+
+class CapacityFilter(admin.SimpleListFilter):
+    """The speed gate's exceptions: jobs given beyond a worker's capacity, and pops by workers
+    that declare more than they can produce; the generation's state is the outcome."""
+
+    title = "capacity"
+    parameter_name = "capacity"
+
+    def lookups(self, request, model_admin):
+        return (
+            ("over", "Over-capacity assignment (tier 2 or 3)"),
+            ("limited", "Capacity-limited pop"),
+        )
+
+    def queryset(self, request, queryset):
+        if self.value() == "over":
+            return queryset.over_capacity()
+        if self.value() == "limited":
+            return queryset.filter(capacity_limited=True)
         return queryset
 
 
@@ -60,10 +82,11 @@ class GenerationAdmin(admin.ModelAdmin):
         "cap_seconds",
         "renewals",
         "trusted_at_pop",
+        "capacity_at_pop",
         "fallback_tier",
         "capacity_limited",
     )
-    list_filter = (LeaseFilter, "state", "fallback_tier", "trusted_at_pop", "capacity_limited")
+    list_filter = (LeaseFilter, CapacityFilter, "state", "fallback_tier", "trusted_at_pop")
     list_select_related = ("worker",)
     search_fields = ("=id",)
     # The response text is the requester's: not shown. Settlement information is read-only.
@@ -72,6 +95,10 @@ class GenerationAdmin(admin.ModelAdmin):
         f.name for f in Generation._meta.get_fields() if f.concrete and f.name not in ("text",)
     )
     show_full_result_count = False
+
+    class Media:
+        # Counts the seconds-left column down between page loads.
+        js = ("jobs/lease_countdown.js",)
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -84,7 +111,9 @@ class GenerationAdmin(admin.ModelAdmin):
         return generation.lease_expires_at
 
     @admin.display(description="seconds left")
-    def seconds_left(self, generation: Generation) -> int | str:
+    def seconds_left(self, generation: Generation) -> str:
         if generation.state != Generation.State.PROCESSING:
             return "-"
-        return max(0, int((generation.lease_expires_at - timezone.now()).total_seconds()))
+        left = max(0, int((generation.lease_expires_at - timezone.now()).total_seconds()))
+        # The script counts down from the server's figure, so the browser's clock never matters.
+        return format_html('<span class="lease-seconds-left" data-seconds-left="{}">{}</span>', left, left)

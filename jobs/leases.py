@@ -16,18 +16,24 @@ from django_redis import get_redis_connection
 
 from hordeops import metrics
 
-# KEYS: lease hash, relay stream, metrics hash.
+# KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
-#       key ttl, tokens.
+#       key ttl, tokens, minute hash ttl.
 # Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
 # lapsed, retry, gap, dead.
 RENEW_SCRIPT = """
-local lease, relay, counters = KEYS[1], KEYS[2], KEYS[3]
+local lease, relay, counters, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
 local seq = tonumber(ARGV[2])
 local delta = ARGV[3]
 local step = tonumber(ARGV[4])
 local trust = ARGV[8]
+local function count(outcome)
+  local field = 'horde_text_lease_renewals|' .. outcome .. '|' .. trust
+  redis.call('HINCRBY', counters, field, 1)
+  redis.call('HINCRBY', minute, field, 1)
+  redis.call('EXPIRE', minute, tonumber(ARGV[12]))
+end
 if redis.call('EXISTS', lease) == 0 then
   redis.call('HSET', lease, 'popped_at', ARGV[5], 'lease_end', ARGV[6], 'cap_end', ARGV[7],
              'last_seq', 0, 'output_len', 0)
@@ -61,14 +67,14 @@ end
 local wanted = string.format('%.6f', now + step)
 if tonumber(wanted) > cap_end then
   if lease_end >= cap_end then
-    redis.call('HINCRBY', counters, 'horde_text_lease_renewals|at_cap|' .. trust, 1)
+    count('at_cap')
     return {'at_cap', state[3], seq}
   end
   -- Held at the cap: stored as the cap's own string, so that the next post compares equal.
   wanted = state[4]
 end
 redis.call('HSET', lease, 'lease_end', wanted)
-redis.call('HINCRBY', counters, 'horde_text_lease_renewals|granted|' .. trust, 1)
+count('granted')
 return {'granted', wanted, seq}
 """
 
@@ -125,7 +131,12 @@ def renew(
     """Run the lease script for one progress post."""
     popped = popped_at.timestamp()
     outcome, lease_end, last_seq = _renew_script()(
-        keys=[lease_key(generation_id), relay_key(request_id), metrics.METRICS_KEY],
+        keys=[
+            lease_key(generation_id),
+            relay_key(request_id),
+            metrics.METRICS_KEY,
+            metrics.minute_key(now),
+        ],
         args=[
             repr(now.timestamp()),
             seq,
@@ -138,6 +149,7 @@ def renew(
             str(generation_id),
             cap_seconds + KEY_GRACE_SECONDS,
             "" if tokens is None else tokens,
+            metrics.MINUTE_KEY_TTL_SECONDS,
         ],
     )
     return Renewal(outcome=outcome.decode(), lease_end=float(lease_end), last_seq=int(last_seq))

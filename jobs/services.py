@@ -290,7 +290,7 @@ def pop_generation(
     trusted = account.trusted
     cap = lease_cap_seconds(trusted=trusted)
     if worker.capacity_limited:
-        metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED)
+        metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED, now=now)
     with transaction.atomic():
         request = next(
             iter(TextRequest.objects.raw(_pop_sql(), pop_params(worker, trusted=trusted, now=now))), None
@@ -659,7 +659,7 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
         aborted = [(row[1], row[0]) for row in rows]
 
         def after_commit() -> None:
-            _count_stale_aborts(by_trust)
+            _count_stale_aborts(by_trust, now)
             _end_streams(expired_chats, cancelled)
             _relay_restarts(outcomes, aborted)
 
@@ -674,9 +674,9 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
     return result
 
 
-def _count_stale_aborts(by_trust: Tally) -> None:
+def _count_stale_aborts(by_trust: Tally, now: datetime) -> None:
     for trust, count in by_trust.items():
-        metrics.increment(metrics.STALE_ABORTS, trust, amount=count)
+        metrics.increment(metrics.STALE_ABORTS, trust, amount=count, now=now)
 
 
 def _restart_requests(counts: Tally) -> list[tuple[UUID, str, bool, str]]:

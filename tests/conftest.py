@@ -106,3 +106,27 @@ def progress(caller: Caller, generation_id: str, seq: int, delta: str = "more wo
     return caller.post(
         "/api/v2/generate/text/progress", {"id": str(generation_id), "seq": seq, "delta": delta, **body}
     )
+
+
+@pytest.fixture
+def moderator(db, client):
+    """A Django test client logged in as a staff user in the Moderators group."""
+    from django.contrib.auth.models import Group, Permission, User
+
+    from workers.moderation import grant_moderators
+
+    user = User.objects.create_user("mod", password="pw", is_staff=True)
+    # A transactional test empties auth_group too; the migration made it, this remakes it.
+    user.groups.add(grant_moderators(Group, Permission))
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def plain_staff(db, client):
+    """A Django test client logged in as staff outside the Moderators group."""
+    from django.contrib.auth.models import User
+
+    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(user)
+    return client

@@ -109,16 +109,11 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
 
     @admin.display(description="online", boolean=True)
     def online(self, worker: Worker) -> bool:
-        from django.conf import settings
-
-        return (timezone.now() - worker.last_pop_at).total_seconds() <= settings.WORKER_ONLINE_SECONDS
+        return worker.is_online(timezone.now())
 
     @admin.display(description="aborts in the last hour")
     def aborts_last_hour(self, worker: Worker) -> int:
-        start = worker.aborts_window_start
-        if start is None or (timezone.now() - start).total_seconds() > 3600:
-            return 0
-        return worker.aborted_jobs
+        return worker.aborts_in_window(timezone.now())
 
     @admin.action(description="Put the selected workers into maintenance", permissions=["change"])
     def enter_maintenance(self, request, queryset) -> None:

@@ -1,6 +1,7 @@
 import hashlib
 import secrets
 import uuid
+from datetime import datetime, timedelta
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
@@ -49,6 +50,14 @@ class Account(models.Model):
         return self.api_key_hash == hash_api_key(ANONYMOUS_API_KEY)
 
 
+class WorkerQuerySet(models.QuerySet["Worker"]):
+    def online(self, now: datetime) -> "WorkerQuerySet":
+        """Workers that popped within WORKER_ONLINE_SECONDS (the eligibility rule's own test)."""
+        from django.conf import settings
+
+        return self.filter(last_pop_at__gte=now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS))
+
+
 class Worker(models.Model):
     """A volunteer's LLM server, created by its first pop under a name."""
 
@@ -80,6 +89,8 @@ class Worker(models.Model):
     maintenance = models.BooleanField(default=False)
     maintenance_reason = models.CharField(max_length=500, blank=True, default="")
 
+    objects = WorkerQuerySet.as_manager()
+
     class Meta:
         ordering = ("name",)
         indexes = [GinIndex(fields=["served_models"], name="worker_models_gin")]
@@ -101,6 +112,18 @@ class Worker(models.Model):
         from workers.eligibility import capacity
 
         return capacity(self.speed)
+
+    def is_online(self, now: datetime) -> bool:
+        from django.conf import settings
+
+        return (now - self.last_pop_at).total_seconds() <= settings.WORKER_ONLINE_SECONDS
+
+    def aborts_in_window(self, now: datetime) -> int:
+        """Aborts counted in the current one-hour window (0 once it has passed)."""
+        start = self.aborts_window_start
+        if start is None or (now - start).total_seconds() > 3600:
+            return 0
+        return self.aborted_jobs
 
     @property
     def capacity_limited(self) -> bool:

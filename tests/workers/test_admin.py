@@ -4,29 +4,12 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group
 
 from jobs.models import Generation
 from jobs.services import abort_stale_generations
 from workers.models import Account, Worker
-from workers.moderation import MODERATORS, grant_moderators
-
-
-@pytest.fixture
-def moderator(db, client):
-    user = User.objects.create_user("mod", password="pw", is_staff=True)
-    # A transactional test empties auth_group too; the migration made it, this remakes it.
-    user.groups.add(grant_moderators(Group, Permission))
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def plain_staff(db, client):
-    user = User.objects.create_user("staff", password="pw", is_staff=True)
-    client.force_login(user)
-    return client
-
+from workers.moderation import MODERATORS
 
 PAGES = (
     "/admin/workers/account/",
