@@ -125,8 +125,9 @@ def _finished(cursor, n: int) -> None:
         SELECT r.generation_id, r.request_id, w.ids[1 + r.i %% cardinality(w.ids)],
                'model-' || (r.i %% %(models)s), r.gen_state,
                -- Processing ones: the even half still within their lease, the odd half lapsed.
-               CASE WHEN r.gen_state = 'processing' AND r.i %% 100 = 0 THEN now() - interval '30 seconds'
-                    ELSE r.popped_at END,
+               CASE WHEN r.gen_state <> 'processing' THEN r.popped_at
+                    WHEN r.i %% 100 = 0 THEN now() - interval '30 seconds'
+                    ELSE now() - interval '1 hour' - r.i * interval '1 second' END,
                150 + (r.i %% 3) * 30, CASE WHEN r.i %% 10 = 0 THEN 600 ELSE 300 END, r.i %% 10 = 0,
                r.i %% 3, 1200, CASE WHEN r.i %% 10 = 1 THEN 2 WHEN r.i %% 30 = 2 THEN 3 ELSE 1 END,
                r.i %% 10 = 3, NULL,

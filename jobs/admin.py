@@ -1,3 +1,5 @@
+from datetime import UTC, datetime
+
 from django.contrib import admin
 from django.db.models import F
 from django.utils import timezone
@@ -22,6 +24,11 @@ class LeaseFilter(admin.SimpleListFilter):
         if self.value() == "aborted":
             return queryset.filter(state=Generation.State.ABORTED)
         return queryset
+
+
+def _moment(when: datetime) -> str:
+    # To the second, as leases are counted; the year is noise in a list of live jobs.
+    return when.astimezone(UTC).strftime("%m-%d %H:%M:%S")
 
 
 class CapacityFilter(admin.SimpleListFilter):
@@ -72,16 +79,16 @@ class TextRequestAdmin(admin.ModelAdmin):
 @admin.register(Generation)
 class GenerationAdmin(admin.ModelAdmin):
     list_display = (
-        "id",
+        "short_id",
         "state",
         "worker",
-        "model",
-        "popped_at",
-        "lease_end",
         "seconds_left",
+        "lease_end",
         "cap_seconds",
         "renewals",
         "trusted_at_pop",
+        "popped",
+        "model",
         "capacity_at_pop",
         "fallback_tier",
         "capacity_limited",
@@ -106,9 +113,17 @@ class GenerationAdmin(admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(lease_end_at=SecondsAfter(F("popped_at"), F("job_ttl")))
 
-    @admin.display(description="lease end", ordering="lease_end_at")
-    def lease_end(self, generation: Generation):
-        return generation.lease_expires_at
+    @admin.display(description="id", ordering="id")
+    def short_id(self, generation: Generation) -> str:
+        return str(generation.id)[:8]
+
+    @admin.display(description="popped (UTC)", ordering="popped_at")
+    def popped(self, generation: Generation) -> str:
+        return _moment(generation.popped_at)
+
+    @admin.display(description="lease end (UTC)", ordering="lease_end_at")
+    def lease_end(self, generation: Generation) -> str:
+        return _moment(generation.lease_expires_at)
 
     @admin.display(description="seconds left")
     def seconds_left(self, generation: Generation) -> str:

@@ -1,0 +1,186 @@
+"""The moderator's pages in a real headless Chromium (Debian's), driven by Playwright.
+
+A live uvicorn serves the admin on the test database; the browser logs in through the
+login form, as a moderator would. Playwright's sync API runs an event loop in this thread
+while a browser is open, and Django refuses ORM calls from a thread with a running loop:
+so each test prepares its rows before `chromium()` and checks them after it.
+
+Screenshots go to $SCREENSHOT_DIR (run/screenshots unless set); the README shows the ones
+made with `SCREENSHOT_DIR=docs/screenshots bin/test tests/hordeops/test_admin_in_a_browser.py`.
+"""
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Group, Permission, User
+from django.utils import timezone
+from playwright.sync_api import Page, expect, sync_playwright
+
+from bench.fill import fill
+from hordeops import metrics
+from jobs.services import create_chat_request
+from tests.live import ROOT, LiveStack
+from workers.models import Account
+from workers.moderation import grant_moderators
+
+pytestmark = pytest.mark.parametrize("live_stack", [1], indirect=True)
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "run" / "screenshots"))
+PASSWORD = "a moderator's password"
+VIEWPORT = {"width": 1500, "height": 900}
+
+
+@contextmanager
+def chromium() -> Iterator[Page]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            # As root in a container: no sandbox, no GPU, /dev/shm may be small.
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def screenshot(page: Page, name: str, *, full_page: bool = True) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"{name}.png", full_page=full_page)
+
+
+def log_in(page: Page, base_url: str, next_path: str) -> None:
+    page.goto(f"{base_url}/admin/login/?next={next_path}")
+    page.get_by_label("Username").fill("moderator")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(re.compile(re.escape(next_path) + "$"))
+    # Folded away, the navigation sidebar leaves the lists their width (remembered by the page).
+    page.locator("#toggle-nav-sidebar").click()
+
+
+@pytest.fixture
+def moderator_user(transactional_db) -> User:
+    user = User.objects.create_user("moderator", password=PASSWORD, is_staff=True)
+    user.groups.add(grant_moderators(Group, Permission))
+    return user
+
+
+def _pop(base_url: str, api_key: str, **body) -> dict:
+    answer = httpx.post(
+        f"{base_url}/api/v2/generate/text/pop",
+        headers={"apikey": api_key},
+        json={"name": "browser-worker", "models": ["chat-model"], **body},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_a_moderator_untrusts_an_account_and_its_next_pop_gets_the_untrusted_cap(
+    live_stack: LiveStack, moderator_user, make_caller
+):
+    base_url = live_stack.urls[0]
+    owner = make_caller("volunteer-owner", trusted=True)
+    for name, trusted in (("alice", True), ("bob", False), ("carol", True)):
+        make_caller(name, trusted=trusted)
+    requester = make_caller("requester")
+    assert _pop(base_url, owner.api_key)["id"] is None  # checks the worker in
+    for _ in range(2):
+        requester.request_text(models=["chat-model"])
+
+    with chromium() as page:
+        trusted_pop = _pop(base_url, owner.api_key)
+        log_in(page, base_url, "/admin/workers/account/")
+        row = page.locator("#result_list tbody tr", has_text="volunteer-owner")
+        row.locator("input[name=_selected_action]").check()
+        page.locator("select[name=action]").select_option("untrust")
+        page.get_by_role("button", name="Go").click()
+        expect(page.locator("ul.messagelist")).to_contain_text("Untrusted 1 account(s).")
+        expect(row.locator("input[name$=-trusted]")).not_to_be_checked()
+        screenshot(page, "accounts")
+        untrusted_pop = _pop(base_url, owner.api_key)
+
+    assert trusted_pop["lease"]["cap_seconds"] == 600
+    assert untrusted_pop["lease"]["cap_seconds"] == 200
+    assert Account.objects.get(name="volunteer-owner").trusted is False
+    [entry] = LogEntry.objects.filter(object_repr="volunteer-owner")
+    assert entry.user == moderator_user and entry.change_message.startswith("Untrusted")
+
+
+def test_a_live_generations_seconds_left_counts_down_in_the_page(
+    live_stack: LiveStack, moderator_user, make_caller
+):
+    fill(accounts=5, workers=40, generations=400)  # four more live leases, popped earlier
+    base_url = live_stack.urls[0]
+    owner, requester = make_caller("volunteer"), make_caller("requester")
+    declared = {"chat": True, "max_length": 1024, "max_context_length": 8192}
+    assert _pop(base_url, owner.api_key, **declared)["id"] is None
+    create_chat_request(
+        account=requester.account,
+        model="chat-model",
+        messages=[{"role": "user", "content": "Write a long story."}],
+        max_length=512,
+        params={},
+    )
+    job = _pop(base_url, owner.api_key, **declared)
+    assert job["id"]
+
+    with chromium() as page:
+        # The page's clock is Playwright's: the countdown is read after exactly 5 s of it.
+        page.clock.install()
+        log_in(page, base_url, "/admin/jobs/generation/?lease=live")
+        cell = page.locator(".lease-seconds-left").first  # the newest pop: ours
+        first = int(cell.inner_text())
+        page.clock.run_for(5_000)
+        after = int(cell.inner_text())
+        screenshot(page, "generations_live")
+
+    assert 140 <= first <= 150
+    assert after == first - 5
+
+
+def test_the_operations_page_and_the_worker_list_render_in_the_browser(
+    live_stack: LiveStack, moderator_user, make_caller
+):
+    fill(accounts=20, workers=300, generations=400, queued=60)
+    base_url = live_stack.urls[0]
+    # An hour of history, counted through the function the services count with: renewals in
+    # every past minute, stale aborts and capacity-limited pops now and then.
+    now = timezone.now()
+    for minutes_ago in range(1, 60):
+        when = now - timedelta(minutes=minutes_ago)
+        metrics.increment(
+            metrics.LEASE_RENEWALS, "granted", "trusted", amount=20 + minutes_ago % 13, now=when
+        )
+        metrics.increment(metrics.LEASE_RENEWALS, "granted", "untrusted", amount=minutes_ago % 7, now=when)
+        if minutes_ago % 9 == 0:
+            metrics.increment(metrics.STALE_ABORTS, "untrusted", amount=1 + minutes_ago % 4, now=when)
+        if minutes_ago % 5 == 0:
+            metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED, amount=2, now=when)
+
+    with chromium() as page:
+        log_in(page, base_url, "/admin/operations/")
+        expect(page.locator("#ops-processing .value")).to_have_text(re.compile(r"^\d+$"))
+        expect(page.locator("svg.ops-chart")).to_have_count(4)
+        renewal_bars = page.locator("svg.ops-chart").first.locator("rect").count()
+        # The admin's stylesheet came through the stack's own static handler.
+        assert page.evaluate("getComputedStyle(document.querySelector('#header')).display") == "flex"
+        processing = int(page.locator("#ops-processing .value").inner_text())
+        screenshot(page, "operations")
+        page.goto(f"{base_url}/admin/workers/worker/")
+        expect(page.locator("#result_list")).to_contain_text("unmeasured")
+        screenshot(page, "workers", full_page=False)  # the first screen of 100 rows
+
+    assert processing == 400 // 50
+    assert renewal_bars >= 59  # one per busy minute (the current one may be busy too)
