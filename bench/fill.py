@@ -18,7 +18,13 @@ MODELS = 20
 
 
 def fill(
-    *, accounts: int = 0, workers: int = 0, requests: int = 0, generations: int = 0, queued: int = 0
+    *,
+    accounts: int = 0,
+    workers: int = 0,
+    requests: int = 0,
+    generations: int = 0,
+    queued: int = 0,
+    n: int = 1,
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     with transaction.atomic(), connection.cursor() as cursor:
@@ -54,13 +60,13 @@ def fill(
         if generations:
             _finished(cursor, generations)
         if queued or requests:
-            _requests(cursor, queued + requests, queued_share=queued / (queued + requests))
+            _requests(cursor, queued + requests, queued_share=queued / (queued + requests), n=n)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE workers_account, workers_worker, jobs_textrequest, jobs_generation")
 
 
-def _requests(cursor, n: int, *, queued_share: float) -> None:
-    """Requests without generations: queued ones (active, work to hand out) and expired ones."""
+def _requests(cursor, count: int, *, queued_share: float, n: int) -> None:
+    """Requests without generations: queued ones (active, `n` jobs to hand out each) and expired ones."""
     cursor.execute(
         """
         INSERT INTO jobs_textrequest (
@@ -69,13 +75,14 @@ def _requests(cursor, n: int, *, queued_share: float) -> None:
             finished, restarts, created_at, expires_at, stream_generation, deadline_at)
         SELECT gen_random_uuid(), a.ids[1 + i %% cardinality(a.ids)],
                CASE WHEN i %% 2 = 0 THEN 'chat' ELSE 'text' END,
-               CASE WHEN i <= %(queued)s THEN 'active' ELSE 'expired' END, 'bench prompt', NULL, '{}',
-               64 * (1 + i %% 64), 8192, ARRAY['model-' || (i %% %(models)s)], '{}', false, true, 0, 1,
-               CASE WHEN i <= %(queued)s THEN 1 ELSE 0 END, 0, 0, now() - i * interval '10 ms',
+               CASE WHEN i <= %(queued)s THEN 'active' ELSE 'expired' END, 'bench prompt',
+               CASE WHEN i %% 2 = 0 THEN '[{"role": "user", "content": "bench prompt"}]'::jsonb END, '{}',
+               64 * (1 + i %% 64), 8192, ARRAY['model-' || (i %% %(models)s)], '{}', false, true, 0, %(n)s,
+               CASE WHEN i <= %(queued)s THEN %(n)s ELSE 0 END, 0, 0, now() - i * interval '10 ms',
                now() + interval '20 minutes', NULL, NULL
-        FROM generate_series(1, %(n)s) AS i, (SELECT array_agg(id) AS ids FROM workers_account) a
+        FROM generate_series(1, %(count)s) AS i, (SELECT array_agg(id) AS ids FROM workers_account) a
         """,
-        {"n": n, "queued": round(n * queued_share), "models": MODELS},
+        {"count": count, "n": n, "queued": round(count * queued_share), "models": MODELS},
     )
 
 
@@ -107,7 +114,9 @@ def _finished(cursor, n: int) -> None:
                     WHEN r.gen_state = 'faulted' THEN 'faulted'
                     WHEN r.gen_state = 'cancelled' THEN 'cancelled'
                     ELSE 'done' END,
-               'bench prompt', NULL, '{}', 64 * (1 + r.i %% 64), 8192,
+               'bench prompt',
+               CASE WHEN r.i %% 2 = 0 THEN '[{"role": "user", "content": "bench prompt"}]'::jsonb END,
+               '{}', 64 * (1 + r.i %% 64), 8192,
                ARRAY['model-' || (r.i %% %(models)s)], '{}', false, true, 0, 1, 0,
                CASE WHEN r.gen_state = 'done' THEN 1 ELSE 0 END,
                CASE WHEN r.gen_state = 'aborted' THEN 1 ELSE 0 END,
