@@ -291,33 +291,38 @@ def pop_generation(
     cap = lease_cap_seconds(trusted=trusted)
     if worker.capacity_limited:
         metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED, now=now)
-    with transaction.atomic():
-        request = next(
-            iter(TextRequest.objects.raw(_pop_sql(), pop_params(worker, trusted=trusted, now=now))), None
+    params = {
+        **pop_params(worker, trusted=trusted, now=now),
+        "amount": amount,
+        "job_ttl": min(settings.TEXT_JOB_LEASE_SECONDS, cap),
+        "cap_seconds": cap,
+        "capacity": worker.capacity,
+        "capacity_limited": worker.capacity_limited,
+    }
+    # One statement, so one implicit transaction: lock the request, take its jobs, start the
+    # leases. Nothing else runs between the lock and the commit.
+    request = next(iter(TextRequest.objects.raw(_claim_sql(), params)), None)
+    if request is None:
+        if worker.maintenance:
+            raise errors.WorkerMaintenance(worker.maintenance_reason or None)
+        return None
+    request.queued -= request.take
+    generations = [
+        Generation(
+            id=generation_id,
+            request=request,
+            worker=worker,
+            model=request.generation_model,
+            popped_at=now,
+            job_ttl=params["job_ttl"],
+            cap_seconds=cap,
+            trusted_at_pop=trusted,
+            capacity_at_pop=worker.capacity,
+            fallback_tier=request.fallback_tier,
+            capacity_limited=worker.capacity_limited,
         )
-        if request is None:
-            if worker.maintenance:
-                raise errors.WorkerMaintenance(worker.maintenance_reason or None)
-            return None
-        take = min(amount, request.queued)
-        request.queued -= take
-        request.save(update_fields=["queued"])
-        model = _choose_model(request.requested_models, models)
-        generations = Generation.objects.bulk_create(
-            Generation(
-                request=request,
-                worker=worker,
-                model=model,
-                popped_at=now,
-                job_ttl=min(settings.TEXT_JOB_LEASE_SECONDS, cap),
-                cap_seconds=cap,
-                trusted_at_pop=trusted,
-                capacity_at_pop=worker.capacity,
-                fallback_tier=request.fallback_tier,
-                capacity_limited=worker.capacity_limited,
-            )
-            for _ in range(take)
-        )
+        for generation_id in request.generation_ids
+    ]
     return PoppedJob(request=request, generations=generations)
 
 
@@ -366,11 +371,45 @@ def _pop_sql() -> str:
     """
 
 
-def _choose_model(requested: list[str], served: list[str]) -> str:
-    for model in served:
-        if not requested or model in requested:
-            return model
-    return ""
+@cache
+def _claim_sql() -> str:
+    """Lock the best request (`_pop_sql`), take up to `amount` of its jobs, insert their
+    generations; return the request with `take`, `generation_ids` and `generation_model`.
+
+    The model is the first the worker serves that the request asks for (or the worker's
+    first, for a request that names none).
+    """
+    g = Generation._meta.db_table
+    return f"""
+        WITH picked AS ({_pop_sql()}),
+        taken AS (
+            UPDATE {TextRequest._meta.db_table} AS t
+            SET queued = t.queued - LEAST(%(amount)s, p.queued)
+            FROM picked AS p WHERE t.id = p.id
+            RETURNING t.id, LEAST(%(amount)s, p.queued) AS take
+        ),
+        chosen AS (
+            SELECT COALESCE((
+                SELECT m FROM unnest(%(w_served_models)s::varchar[]) WITH ORDINALITY AS s(m, i)
+                WHERE cardinality(p.requested_models) = 0 OR m = ANY(p.requested_models)
+                ORDER BY i LIMIT 1), '') AS model
+            FROM picked AS p
+        ),
+        started AS (
+            INSERT INTO {g} (
+                id, request_id, worker_id, model, state, popped_at, job_ttl, cap_seconds,
+                trusted_at_pop, renewals, capacity_at_pop, fallback_tier, capacity_limited,
+                settlement_information, finished_at, text, result, seed, gen_metadata, tokens, reward)
+            SELECT gen_random_uuid(), p.id, %(w_id)s, c.model, 'processing', %(now)s, %(job_ttl)s,
+                   %(cap_seconds)s, %(wa_trusted)s, 0, %(capacity)s, p.fallback_tier,
+                   %(capacity_limited)s, NULL, NULL, NULL, '', NULL, '[]', NULL, 0
+            FROM picked AS p, taken AS t, chosen AS c, generate_series(1, t.take)
+            RETURNING id
+        )
+        SELECT p.*, t.take, c.model AS generation_model,
+               ARRAY(SELECT id FROM started) AS generation_ids
+        FROM picked AS p, taken AS t, chosen AS c
+    """
 
 
 # --- Submit ------------------------------------------------------------------------------------

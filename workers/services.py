@@ -1,7 +1,5 @@
 from datetime import datetime
 
-from django.db import IntegrityError, transaction
-
 from hordeops import errors
 from workers.models import Account, Worker, hash_api_key, new_api_key
 
@@ -35,33 +33,52 @@ def check_in_worker(
     bridge_agent: str,
     now: datetime,
 ) -> Worker:
-    """Find or create the worker named by a pop, and record what it declares now."""
+    """Find or create the worker named by a pop, and record what it declares now.
+
+    One upsert: a new name creates the worker, a name of this account's updates what the
+    worker declares, and a name owned by another account returns no row.
+    """
     if account.is_anonymous:
         raise errors.AnonForbiddenWorker()
-    declared = {
-        "served_models": served_models,
-        "max_length": max_length,
-        "max_context_length": max_context_length,
-        "threads": threads,
-        "nsfw": nsfw,
-        "chat": chat,
-        "bridge_agent": bridge_agent,
-        "last_pop_at": now,
-    }
-    worker = Worker.objects.filter(name=name).first()
+    worker = next(
+        iter(
+            Worker.objects.raw(
+                _CHECK_IN_SQL,
+                {
+                    "name": name,
+                    "account_id": account.id,
+                    "served_models": served_models,
+                    "max_length": max_length,
+                    "max_context_length": max_context_length,
+                    "threads": threads,
+                    "nsfw": nsfw,
+                    "chat": chat,
+                    "bridge_agent": bridge_agent,
+                    "now": now,
+                },
+            )
+        ),
+        None,
+    )
     if worker is None:
-        try:
-            with transaction.atomic():
-                return Worker.objects.create(name=name, account=account, created_at=now, **declared)
-        except IntegrityError:
-            # Another pop created the same name first.
-            worker = Worker.objects.get(name=name)
-    if worker.account_id != account.id:
         raise errors.WrongCredentials("This worker name is owned by another account.")
-    Worker.objects.filter(pk=worker.pk).update(**declared)
-    for field, value in declared.items():
-        setattr(worker, field, value)
     return worker
+
+
+_DECLARED = ("served_models", "max_length", "max_context_length", "threads", "nsfw", "chat", "bridge_agent")
+_CHECK_IN_SQL = f"""
+    INSERT INTO {Worker._meta.db_table} (
+        id, name, account_id, {", ".join(_DECLARED)}, created_at, last_pop_at, speed, speed_samples,
+        completed_jobs, aborted_jobs, aborts_window_start, uncompleted_jobs, maintenance, maintenance_reason)
+    VALUES (
+        gen_random_uuid(), %(name)s, %(account_id)s, %(served_models)s::varchar[], %(max_length)s,
+        %(max_context_length)s, %(threads)s, %(nsfw)s, %(chat)s, %(bridge_agent)s, %(now)s, %(now)s,
+        NULL, '{{}}', 0, 0, NULL, 0, false, '')
+    ON CONFLICT (name) DO UPDATE SET
+        {", ".join(f"{field} = EXCLUDED.{field}" for field in _DECLARED)}, last_pop_at = EXCLUDED.last_pop_at
+    WHERE {Worker._meta.db_table}.account_id = EXCLUDED.account_id
+    RETURNING *
+"""
 
 
 def set_trust(*, accounts, trusted: bool) -> int:
