@@ -15,7 +15,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import F
 
 from hordeops import clock, errors, metrics
 from jobs import leases, relay
@@ -543,65 +543,73 @@ def submit_generation(
         tokens = int(reported) if reported else tokens
     elapsed = max((now - generation.popped_at).total_seconds(), 0.001)
     reward = round(tokens / 10, 2)
-    with transaction.atomic():
-        # Compare-and-set: whichever of this submit and the stale pass gets the row
-        # first wins; the other sees state != processing and changes nothing.
-        accepted = Generation.objects.filter(pk=generation.pk, state=Generation.State.PROCESSING).update(
-            state=Generation.State.DONE,
-            finished_at=now,
-            text=text,
-            result=state,
-            seed=seed,
-            gen_metadata=gen_metadata,
-            tokens=tokens,
-            reward=reward,
+    # One statement, so one implicit transaction: the compare-and-set on the generation (of
+    # this submit and the stale pass, whichever gets the row first wins; the other sees
+    # state != processing and changes nothing), the request's count and the worker's speed.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _ACCEPT_SQL,
+            {
+                "id": generation.pk,
+                "now": now,
+                "text": text,
+                "result": state,
+                "seed": seed,
+                "gen_metadata": json.dumps(gen_metadata),
+                "tokens": tokens,
+                "reward": reward,
+                "sample": tokens / elapsed,
+                "window": Worker.SPEED_WINDOW,
+            },
         )
-        if not accepted:
-            raise _refusal(generation.pk)
-        TextRequest.objects.filter(pk=generation.request_id).update(
-            finished=F("finished") + 1,
-            state=Case(
-                When(
-                    state=TextRequest.State.ACTIVE,
-                    finished__gte=F("n") - 1,
-                    queued=0,
-                    then=Value(TextRequest.State.DONE),
-                ),
-                default=F("state"),
-            ),
+        (accepted,) = cursor.fetchone()
+    if not accepted:
+        raise _refusal(generation.pk)
+    if text_request.kind == TextRequest.Kind.CHAT:
+        finish = "length" if tokens >= text_request.max_length else "stop"
+        transaction.on_commit(
+            lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish)
         )
-        _record_speed(generation.worker_id, tokens / elapsed)
-        if text_request.kind == TextRequest.Kind.CHAT:
-            finish = "length" if tokens >= text_request.max_length else "stop"
-            transaction.on_commit(
-                lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish)
-            )
     return reward
+
+
+_ACCEPT_SQL = f"""
+    WITH accepted AS (
+        UPDATE {Generation._meta.db_table} SET
+            state = 'done', finished_at = %(now)s, text = %(text)s, result = %(result)s,
+            seed = %(seed)s, gen_metadata = %(gen_metadata)s::jsonb, tokens = %(tokens)s,
+            reward = %(reward)s
+        WHERE id = %(id)s AND state = 'processing'
+        RETURNING request_id, worker_id
+    ),
+    counted AS (
+        UPDATE {TextRequest._meta.db_table} AS t SET
+            finished = t.finished + 1,
+            state = CASE WHEN t.state = 'active' AND t.finished >= t.n - 1 AND t.queued = 0
+                         THEN 'done' ELSE t.state END
+        FROM accepted AS a WHERE t.id = a.request_id
+        RETURNING t.id
+    ),
+    -- The speed is computed from the row itself, so concurrent submits by one worker both land.
+    measured AS (
+        UPDATE {Worker._meta.db_table} AS w SET
+            speed_samples = (w.speed_samples || %(sample)s::float8)
+                [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):],
+            speed = (SELECT avg(x) FROM unnest(
+                (w.speed_samples || %(sample)s::float8)
+                    [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):]) AS x),
+            completed_jobs = w.completed_jobs + 1
+        FROM accepted AS a WHERE w.id = a.worker_id
+        RETURNING w.id
+    )
+    -- Data-modifying WITH statements always run to completion, read or not.
+    SELECT count(*) FROM accepted
+"""
 
 
 def _relay_done(request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str) -> None:
     leases.kill([generation_id])
     relay.publish(request_id, relay.DONE, generation_id, text=text, tokens=tokens, finish_reason=finish)
-
-
-def _record_speed(worker_id: UUID, sample: float) -> None:
-    """Append a speed sample and set speed to the mean of the last SPEED_WINDOW."""
-    window = Worker.SPEED_WINDOW
-    with connection.cursor() as cursor:
-        # Computed from the row itself, so concurrent submits by one worker both land.
-        cursor.execute(
-            f"""
-            UPDATE {Worker._meta.db_table} SET
-              speed_samples = (speed_samples || %(sample)s::float8)
-                [greatest(1, cardinality(speed_samples) + 2 - %(window)s):],
-              speed = (SELECT avg(s) FROM unnest(
-                (speed_samples || %(sample)s::float8)
-                  [greatest(1, cardinality(speed_samples) + 2 - %(window)s):]) AS s),
-              completed_jobs = completed_jobs + 1
-            WHERE id = %(id)s
-            """,
-            {"sample": sample, "window": window, "id": worker_id},
-        )
 
 
 def _give_back(generation: Generation, now: datetime) -> None:
