@@ -70,14 +70,22 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 class Connection:
-    """One keep-alive HTTP/1.1 connection, as light as the standard library allows."""
+    """A keep-alive HTTP/1.1 connection, as light as the standard library allows, opened
+    anew every `reconnect_every` requests, as a real worker's is after idle timeouts: a new
+    connection goes to whichever web process is free to accept it, so that the load spreads
+    over the processes as a fleet's many connections do."""
 
-    def __init__(self, port: int, api_key: str) -> None:
+    def __init__(self, port: int, api_key: str, reconnect_every: int) -> None:
         self.http = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         self.headers = {"apikey": api_key, "Content-Type": "application/json"}
+        self.reconnect_every = reconnect_every
+        self.sent = 0
 
     def post(self, path: str, body: dict) -> tuple[int, bytes, float]:
         payload = json.dumps(body)
+        self.sent += 1
+        if self.reconnect_every and self.sent % self.reconnect_every == 0:
+            self.http.close()  # reconnects on the next request, inside the timing
         for attempt in (1, 2):
             started = time.perf_counter()
             try:
@@ -95,8 +103,10 @@ class Connection:
         raise AssertionError("unreachable")
 
 
-def _thread(port: int, api_key: str, name: str, calls: int, phases: dict, barrier, out: dict) -> None:
-    connection = Connection(port, api_key)
+def _thread(
+    port: int, api_key: str, name: str, calls: int, reconnect: int, phases: dict, barrier, out: dict
+) -> None:
+    connection = Connection(port, api_key, reconnect)
     pop_body = {
         "name": name,
         "models": MODELS,
@@ -151,13 +161,15 @@ def _thread(port: int, api_key: str, name: str, calls: int, phases: dict, barrie
     out[name] = {"phases": result, "jobs": len(jobs), "chats": len(chats)}
 
 
-def _load_process(port: int, api_key: str, index: int, threads: int, calls: int, barrier, queue) -> None:
+def _load_process(
+    port: int, api_key: str, index: int, threads: int, calls: int, reconnect: int, barrier, queue
+) -> None:
     out: dict = {}
     phases = ("pop", "progress", "submit")
     workers = [
         threading.Thread(
             target=_thread,
-            args=(port, api_key, f"bench-{index}-{t}", calls, phases, barrier, out),
+            args=(port, api_key, f"bench-{index}-{t}", calls, reconnect, phases, barrier, out),
         )
         for t in range(threads)
     ]
@@ -261,7 +273,8 @@ def _run(queued: int, args) -> dict:
     try:
         processes = [
             context.Process(
-                target=_load_process, args=(port, api_key, i, args.threads, per_thread, barrier, queue)
+                target=_load_process,
+                args=(port, api_key, i, args.threads, per_thread, args.reconnect_every, barrier, queue),
             )
             for i in range(args.clients)
         ]
@@ -289,6 +302,9 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=5)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument(
+        "--reconnect-every", type=int, default=20, help="requests per connection (0: never reconnect)"
+    )
     args = parser.parse_args()
 
     _prepare_database()
@@ -310,7 +326,10 @@ def main() -> None:
                     "also_running": "PostgreSQL and Redis (same machine), the load processes",
                 },
                 "server": f"gunicorn -k uvicorn.workers.UvicornWorker -w {args.web_workers}",
-                "load": f"{args.clients} processes x {args.threads} threads, one keep-alive connection each",
+                "load": (
+                    f"{args.clients} processes x {args.threads} threads, each on a keep-alive"
+                    f" connection renewed every {args.reconnect_every} requests"
+                ),
                 "runs": runs,
             },
             indent=2,

@@ -1,11 +1,16 @@
+import asyncio
+import contextvars
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import django
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction
+from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
+from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
 from django.urls import Resolver404, get_resolver
 
@@ -14,25 +19,48 @@ django.setup(set_prefix=False)
 
 
 class HordeASGIHandler(ASGIHandler):
-    """Django's ASGI handler, with a sync view and its whole middleware chain in one thread hop.
+    """Django's ASGI handler, with sync views served as under WSGI, on threads that last.
 
     Under ASGI, Django runs each `MiddlewareMixin` middleware's process_request and
-    process_response through `sync_to_async`: some 16 thread hops per request with this
-    project's middleware, about 2.8 ms of CPU, more than the horde routes' own work. A sync
-    view (the horde routes, the admin) gains nothing from the async chain, so it is run as
-    under WSGI: the sync chain, in one hop to the thread Django's sync code uses. Async views
-    (the chat relays) keep the async chain.
+    process_response through `sync_to_async` (some 16 thread hops per request with this
+    project's middleware), and each request's sync code on a thread made for that request
+    (`ThreadSensitiveContext`). Together that is more CPU than the horde routes' own work. A
+    sync view (the horde routes, the admin) gains nothing from the async chain, so it runs
+    with the sync chain, in one hop to a long-lived pool of WEB_SYNC_THREADS threads, each
+    closing its database connection after the request as WSGI's request signals would.
+    Async views (the chat relays) keep Django's async path untouched.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._sync_handler = BaseHandler()
         self._sync_handler.load_middleware(is_async=False)
+        self._sync_threads = ThreadPoolExecutor(
+            max_workers=settings.WEB_SYNC_THREADS, thread_name_prefix="hordeops-sync"
+        )
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and not _is_async_view(scope["path"]):
+            # No ThreadSensitiveContext: it would start a thread for this request only.
+            await self.handle(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
         if _is_async_view(request.path_info):
             return await super().get_response_async(request)
-        return await sync_to_async(self._sync_handler.get_response, thread_sensitive=True)(request)
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._sync_threads, context.run, self._sync_response, request)
+
+    def _sync_response(self, request: HttpRequest) -> HttpResponseBase:
+        # The connection belongs to this thread: it is checked and given back here, as
+        # request_started and request_finished do under WSGI (those signals run elsewhere).
+        close_old_connections()
+        try:
+            return self._sync_handler.get_response(request)
+        finally:
+            close_old_connections()
 
 
 def _is_async_view(path: str) -> bool:

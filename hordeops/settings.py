@@ -101,6 +101,10 @@ def database_from_url(url: str) -> dict:
             # JIT would compile the pop on every call (its cost estimate, inflated by the speed
             # gate's NOT EXISTS, crosses jit_above_cost): tens to hundreds of ms for ~1 ms.
             "options": "-c jit=off",
+            # Parameters travel apart from the SQL, so that psycopg prepares the statements a
+            # connection repeats (the hot routes') and PostgreSQL reuses their plans instead
+            # of parsing and planning each call anew.
+            "server_side_binding": True,
             "pool": {
                 "min_size": env_int("DATABASE_POOL_MIN_SIZE", 2),
                 "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20),
@@ -131,6 +135,8 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # --- Django ----------------------------------------------------------------------------
 SECRET_KEY = env_str("SECRET_KEY", "hordeops-development-key-change-me-in-production")
 DEBUG = env_bool("DEBUG", False)
+# Threads per web process that run sync views (the horde routes, the admin): hordeops/asgi.py.
+WEB_SYNC_THREADS = env_int("WEB_SYNC_THREADS", 2)
 ALLOWED_HOSTS = env_str("ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [

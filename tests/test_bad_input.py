@@ -725,12 +725,16 @@ def test_a_chunked_body_over_1_MiB_without_a_content_length_is_refused_with_Payl
     scene.assert_kept()
 
 
+# Committed rows: the ASGI app serves sync views on threads of its own, with their own connections.
+@pytest.mark.django_db(transaction=True)
 def test_a_chunked_body_without_a_content_length_is_read(scene):
     headers = [(b"apikey", scene.caller.api_key.encode()), (b"content-type", b"application/json")]
     status, raw = asgi_post(scene.path, chunked(json.dumps(scene.body).encode(), 7), headers)
     assert status == SUCCESS[scene.route], raw
 
 
+# Committed rows: the ASGI app serves sync views on threads of its own, with their own connections.
+@pytest.mark.django_db(transaction=True)
 def test_a_chunked_bad_body_without_a_content_length_is_refused_in_the_horde_shape(scene):
     headers = [(b"apikey", scene.caller.api_key.encode()), (b"content-type", b"application/json")]
     status, raw = asgi_post(scene.path, chunked(b'{"a": "\\u0000"}', 3), headers)

@@ -1,13 +1,15 @@
-"""hordeops.asgi: a sync route's middleware chain costs one thread hop, not one per middleware."""
+"""hordeops.asgi: a sync route runs as under WSGI, on a lasting thread, not hop by hop."""
 
 import asyncio
 import json
+import threading
 
 import pytest
 from asgiref.sync import SyncToAsync
 from django.core.handlers.asgi import ASGIHandler
 
 from hordeops import asgi
+from hordeops.views import HeartbeatView
 
 
 def _get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[int, bytes, int]:
@@ -58,14 +60,34 @@ def _get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[int, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_sync_route_runs_its_whole_middleware_chain_in_one_hop():
+def test_a_sync_route_runs_its_middleware_chain_without_a_hop_per_middleware():
     status, body, hops = _get(asgi.application, "/api/v2/status/heartbeat")
     _, _, django_hops = _get(ASGIHandler(), "/api/v2/status/heartbeat")
     assert status == 200 and json.loads(body)
-    # One hop for the chain and the view, two for Django's request signals; Django's own
-    # handler takes one or two per middleware on top (23 with this project's).
-    assert hops <= 3
+    # Two sync_to_async hops remain, for Django's request signals; Django's own handler
+    # takes one or two per middleware on top (23 with this project's).
+    assert hops <= 2
     assert django_hops >= 15
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sync_views_run_on_a_few_lasting_threads_not_one_new_thread_per_request(settings):
+    seen: list[str] = []
+    original = HeartbeatView.get
+
+    def recording(self, request):
+        seen.append(threading.current_thread().name)
+        return original(self, request)
+
+    HeartbeatView.get = recording
+    try:
+        for _ in range(12):
+            assert _get(asgi.application, "/api/v2/status/heartbeat")[0] == 200
+    finally:
+        HeartbeatView.get = original
+    assert len(seen) == 12
+    assert all(name.startswith("hordeops-sync") for name in seen)
+    assert len(set(seen)) <= settings.WEB_SYNC_THREADS
 
 
 @pytest.mark.django_db(transaction=True)
