@@ -101,10 +101,12 @@ def database_from_url(url: str) -> dict:
             # JIT would compile the pop on every call (its cost estimate, inflated by the speed
             # gate's NOT EXISTS, crosses jit_above_cost): tens to hundreds of ms for ~1 ms.
             "options": "-c jit=off",
-            # Parameters travel apart from the SQL, so that psycopg prepares the statements a
-            # connection repeats (the hot routes') and PostgreSQL reuses their plans instead
-            # of parsing and planning each call anew.
+            # Parameters travel apart from the SQL, and psycopg prepares a statement that a
+            # connection runs a fifth time (the hot routes'), so that PostgreSQL parses it once
+            # and reuses its plan where a generic plan is as good (the pop's is not: PostgreSQL
+            # keeps planning it with the worker's values, as it should).
             "server_side_binding": True,
+            "prepare_threshold": 5,
             "pool": {
                 "min_size": env_int("DATABASE_POOL_MIN_SIZE", 2),
                 "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20),
