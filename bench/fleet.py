@@ -93,7 +93,7 @@ def _reply(generation_id: str, words: int) -> list[str]:
     return [f"{rng.choice(('alpha', 'beta', 'gamma', 'delta', 'omega'))}{i} " for i in range(words)]
 
 
-def _worker_thread(base: str, api_key: str, name: str, behaviour: str, stop: float, records: list) -> None:
+def _worker_thread(base: str, api_key: str, name: str, behaviour: str, stop: float, log) -> None:
     import httpx
 
     rng = random.Random(name)
@@ -126,7 +126,7 @@ def _worker_thread(base: str, api_key: str, name: str, behaviour: str, stop: flo
                         sent = seq
                 record["stalled_at"] = time.time()
                 record["deltas_sent"] = sent
-                records.append(record)
+                log(record)
                 continue  # drops the job
             if streams:
                 for seq, delta in enumerate(deltas, start=1):
@@ -142,6 +142,8 @@ def _worker_thread(base: str, api_key: str, name: str, behaviour: str, stop: flo
                 time.sleep(rng.uniform(0.2, 2.0))
             if "progress_refused" not in record:
                 text = "".join(deltas)
+                # Written before the submit, so that a kill between the two keeps what was sent.
+                log({"generation": generation_id, "worker": name, "sending": text})
                 submitted = http.post(
                     "/api/v2/generate/text/submit", json={"id": generation_id, "generation": text}
                 )
@@ -158,30 +160,40 @@ def _worker_thread(base: str, api_key: str, name: str, behaviour: str, stop: flo
         except httpx.HTTPError as error:
             record["error"] = repr(error)
         record["ended_at"] = time.time()
-        records.append(record)
+        log(record)
 
 
 def _worker_process(base: str, keys: dict, index: int, count: int, stop: float, out_path: str) -> None:
-    records: list = []
+    # One JSON line per record, written as it happens: a SIGKILL loses at most a torn line.
+    out = open(out_path, "a", buffering=1)  # noqa: SIM115
+    lock = threading.Lock()
+
+    def log(record: dict) -> None:
+        with lock:
+            out.write(json.dumps(record) + "\n")
+
     threads = []
     for t in range(count):
         behaviour = BEHAVIOURS[(index * count + t) % len(BEHAVIOURS)]
         trust = "trusted" if t % 2 == 0 else "untrusted"
         name = f"fleet-{index}-{t}-{behaviour}-{trust}"
         thread = threading.Thread(
-            target=_worker_thread, args=(base, keys[trust], name, behaviour, stop, records), daemon=True
+            target=_worker_thread, args=(base, keys[trust], name, behaviour, stop, log), daemon=True
         )
         thread.start()
         threads.append(thread)
+    for thread in threads:
+        thread.join()
 
-    def flush() -> None:
-        Path(out_path).write_text(json.dumps(records))
 
-    # Written every second, so that a SIGKILL loses at most the last second's records.
-    while any(t.is_alive() for t in threads):
-        flush()
-        time.sleep(1)
-    flush()
+def _read_lines(path: Path) -> list[dict]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # the line a kill tore
+    return records
 
 
 # --- requesters -------------------------------------------------------------------------------
@@ -374,8 +386,14 @@ def _report(requests_sent: list[dict], worker_records: list[dict], elapsed: floa
     streamed = [
         r for r in requests_sent if r["kind"].startswith("chat") and r.get("final") in ("done", "finished")
     ]
-    accepted_texts = {r["text"] for r in worker_records if r.get("submit") == 200}
-    mismatched = [r for r in streamed if r.get("text") not in accepted_texts]
+    sent_texts = {r["sending"] for r in worker_records if "sending" in r}
+    not_sent = [r for r in streamed if r.get("text") not in sent_texts]
+    # The chat id carries the request id: the text must be the one the horde accepted for it.
+    not_accepted = [
+        r
+        for r in streamed
+        if done_text.get(uuid.UUID(r["chat_id"].removeprefix("chatcmpl-"))) != r.get("text")
+    ]
     step = int(SETTINGS["TEXT_JOB_LEASE_SECONDS"])
     bound = step + int(SETTINGS["STALE_GENERATION_PASS_SECONDS"]) + 2 * POP_IDLE_SECONDS
     return {
@@ -405,9 +423,9 @@ def _report(requests_sent: list[dict], worker_records: list[dict], elapsed: floa
             "reassignments_within_bound": sum(1 for w in waits if w <= bound),
         },
         "streams": {
-            "completed_streams_checked": len(streamed),
-            "mismatched": len(mismatched),
-            "done_generations": len(done_text),
+            "completed_chat_replies_checked": len(streamed),
+            "text_no_worker_sent": len(not_sent),
+            "text_not_the_accepted_one": len(not_accepted),
         },
         "requester_outcomes": dict(
             Counter(f"{r['kind']}:{r.get('final', r.get('status'))}" for r in requests_sent)
@@ -437,7 +455,7 @@ def main() -> None:
     stop = started + args.max_seconds
     workers = {}
     for i in range(args.worker_processes):
-        out = str(rundir / f"workers-{i}.json")
+        out = str(rundir / f"workers-{i}.jsonl")
         workers[i] = context.Process(
             target=_worker_process,
             args=(base, keys, i, args.workers_per_process, stop, out),
@@ -457,10 +475,8 @@ def main() -> None:
     victim = args.worker_processes - 1
     os.kill(workers[victim].pid, signal.SIGKILL)
     _note(f"SIGKILLed worker process {victim}")
-    killed_records = rundir / f"workers-{victim}.json"
-    kept = json.loads(killed_records.read_text()) if killed_records.exists() else []
     time.sleep(10)
-    out = str(rundir / f"workers-{victim}-again.json")
+    out = str(rundir / f"workers-{victim}-again.jsonl")
     workers["again"] = context.Process(
         target=_worker_process, args=(base, keys, victim, args.workers_per_process, stop, out)
     )
@@ -483,10 +499,7 @@ def main() -> None:
         if process.is_alive():
             process.terminate()
         process.join(timeout=30)
-    worker_records = list(kept)
-    for path in rundir.glob("workers-*.json"):
-        if path != killed_records:
-            worker_records += json.loads(path.read_text())
+    worker_records = [r for path in rundir.glob("workers-*.jsonl") for r in _read_lines(path)]
     requests_sent = []
     for _, path in requesters:
         requests_sent += json.loads(Path(path).read_text())
