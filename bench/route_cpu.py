@@ -18,14 +18,20 @@ import argparse
 import http.client
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.route_throughput import MODELS, _env, _fill_queue, _free_port, _prepare_database  # noqa: E402
+from bench.route_throughput import (  # noqa: E402
+    MODELS,
+    _env,
+    _fill_queue,
+    _free_port,
+    _prepare_database,
+    _start_server,
+)
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -68,33 +74,8 @@ def main() -> None:
 
     connection.close()
     port = _free_port()
-    server = subprocess.Popen(
-        [
-            str(ROOT / ".venv" / "bin" / "gunicorn"),
-            "hordeops.asgi:application",
-            "-k",
-            "uvicorn.workers.UvicornWorker",
-            "-w",
-            "1",
-            "-b",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=_env(),
-    )
+    server = _start_server(port, 1)
     try:
-        for _ in range(150):
-            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            try:
-                probe.request("GET", "/api/v2/status/heartbeat")
-                if probe.getresponse().status == 200:
-                    break
-            except OSError:
-                time.sleep(0.2)
-            finally:
-                probe.close()
         http_ = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         worker_pid = int(Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()[0])
         headers = {"apikey": api_key, "Content-Type": "application/json"}
