@@ -41,7 +41,9 @@ def chat_worker() -> ModuleType:
 
 
 def _worker_args(url: str, api_key: str, *extra: str) -> list[str]:
-    return ["--url", url, "--apikey", api_key, "--name", WORKER, "--model", MODEL, "--once", *extra]
+    # `--apikey=KEY`: a key may start with "-" (older keys could), which argparse would take
+    # for an option if it came as a separate argument.
+    return ["--url", url, f"--apikey={api_key}", "--name", WORKER, "--model", MODEL, "--once", *extra]
 
 
 def _queue_chat(url: str, worker_key: str) -> TextRequest:

@@ -19,7 +19,11 @@ def hash_api_key(api_key: str) -> str:
 
 
 def new_api_key() -> str:
-    return secrets.token_urlsafe(16)
+    # Never starting with "-": a command line would read such a key as an option
+    # (`--apikey -x1Q...`), as the example worker's argparse did.
+    while (key := secrets.token_urlsafe(16)).startswith("-"):
+        pass
+    return key
 
 
 class AccountQuerySet(models.QuerySet["Account"]):

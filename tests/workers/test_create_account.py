@@ -43,3 +43,11 @@ def test_a_taken_name_is_a_command_error(db):
 
 def test_the_anonymous_key_belongs_to_the_anonymous_account(db):
     assert authenticate(api_key="0000000000").is_anonymous is True
+
+
+def test_no_key_starts_with_a_dash_that_a_command_line_would_read_as_an_option():
+    from workers.models import new_api_key
+
+    keys = [new_api_key() for _ in range(3000)]  # about 47 would start with "-" unchecked
+    assert not [key for key in keys if key.startswith("-")]
+    assert len(set(keys)) == len(keys) and all(len(key) == 22 for key in keys)
