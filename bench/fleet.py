@@ -68,10 +68,11 @@ BEHAVIOURS = ("fast", "fast", "slow", "plain", "plain", "staller", "retrier")
 POP_IDLE_SECONDS = 0.3
 
 
-def _env() -> dict[str, str]:
+def _env(overrides: dict[str, str] | None = None) -> dict[str, str]:
     return {
         **os.environ,
         **SETTINGS,
+        **(overrides or {}),
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
         "REDIS_URL": "redis://127.0.0.1:6379/8",
         "DJANGO_SETTINGS_MODULE": "hordeops.settings",
@@ -291,8 +292,8 @@ def _requester_process(base: str, api_key: str, threads: int, quota: int, index:
 # --- the run ----------------------------------------------------------------------------------
 
 
-def _start_stack(port: int, rundir: Path) -> list[subprocess.Popen]:
-    env = _env()
+def _start_stack(port: int, rundir: Path, overrides: dict[str, str] | None = None) -> list[subprocess.Popen]:
+    env = _env(overrides)
     python = str(ROOT / ".venv" / "bin" / "python")
     logs = {name: open(rundir / f"{name}.log", "w") for name in ("web", "celery", "beat")}  # noqa: SIM115
     processes = [
@@ -325,12 +326,15 @@ def _start_stack(port: int, rundir: Path) -> list[subprocess.Popen]:
     raise RuntimeError("the stack did not come up")
 
 
-def _prepare() -> dict[str, str]:
+def _prepare(overrides: dict[str, str] | None = None) -> dict[str, str]:
     subprocess.run([str(ROOT / "bin" / "services"), DB_NAME], check=True)
     subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=_env(), check=True
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
+        cwd=ROOT,
+        env=_env(overrides),
+        check=True,
     )
-    os.environ.update(_env())
+    os.environ.update(_env(overrides))
     import django
 
     django.setup()
