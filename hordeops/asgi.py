@@ -22,9 +22,10 @@ class HordeASGIHandler(ASGIHandler):
     """Django's ASGI handler, with sync views served as under WSGI, on threads that last.
 
     Under ASGI, Django runs each `MiddlewareMixin` middleware's process_request and
-    process_response through `sync_to_async` (some 16 thread hops per request with this
-    project's middleware), and each request's sync code on a thread made for that request
-    (`ThreadSensitiveContext`). Together that is more CPU than the horde routes' own work. A
+    process_response through `sync_to_async` (23 thread hops a request with this project's
+    middleware, counted in tests/hordeops/test_asgi.py), and each request's sync code on a
+    thread made for that request (`ThreadSensitiveContext`). Together that is more CPU than
+    the horde routes' own work. A
     sync view (the horde routes, the admin) gains nothing from the async chain, so it runs
     with the sync chain, in one hop to a long-lived pool of WEB_SYNC_THREADS threads, each
     closing its database connection after the request as WSGI's request signals would.
@@ -40,7 +41,7 @@ class HordeASGIHandler(ASGIHandler):
         )
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and not _is_async_view(scope["path"]):
+        if scope["type"] == "http" and not _is_async_view(_path_info(scope)):
             # No ThreadSensitiveContext: it would start a thread for this request only.
             await self.handle(scope, receive, send)
             return
@@ -61,6 +62,12 @@ class HordeASGIHandler(ASGIHandler):
             return self._sync_handler.get_response(request)
         finally:
             close_old_connections()
+
+
+def _path_info(scope) -> str:
+    """The path the URLconf sees: the request path without the ASGI root path."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 def _is_async_view(path: str) -> bool:

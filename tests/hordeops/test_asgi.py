@@ -102,3 +102,10 @@ def test_an_unknown_path_gets_the_horde_404_through_the_sync_chain():
     status, body, _ = _get(asgi.application, "/api/v2/nothing-here")
     assert status == 404
     assert json.loads(body)["rc"]
+
+
+def test_behind_a_root_path_a_chat_route_is_still_known_as_async():
+    scope = {"path": "/horde/v1/chat/completions", "root_path": "/horde"}
+    assert asgi._path_info(scope) == "/v1/chat/completions"
+    assert asgi._is_async_view(asgi._path_info(scope))
+    assert not asgi._is_async_view("/api/v2/generate/text/pop")
