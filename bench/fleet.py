@@ -165,14 +165,7 @@ def _worker_thread(base: str, api_key: str, name: str, behaviour: str, stop: flo
 
 
 def _worker_process(base: str, keys: dict, index: int, count: int, stop: float, out_path: str) -> None:
-    # One JSON line per record, written as it happens: a SIGKILL loses at most a torn line.
-    out = open(out_path, "a", buffering=1)  # noqa: SIM115
-    lock = threading.Lock()
-
-    def log(record: dict) -> None:
-        with lock:
-            out.write(json.dumps(record) + "\n")
-
+    log = json_lines(out_path)
     threads = []
     for t in range(count):
         behaviour = BEHAVIOURS[(index * count + t) % len(BEHAVIOURS)]
@@ -187,7 +180,20 @@ def _worker_process(base: str, keys: dict, index: int, count: int, stop: float, 
         thread.join()
 
 
-def _read_lines(path: Path) -> list[dict]:
+def json_lines(path: str):
+    """A log for a process's threads: one JSON line per record, written as it happens, so
+    that a SIGKILL loses at most the line it tears."""
+    out = open(path, "a", buffering=1)  # noqa: SIM115
+    lock = threading.Lock()
+
+    def log(record: dict) -> None:
+        with lock:
+            out.write(json.dumps(record) + "\n")
+
+    return log
+
+
+def read_lines(path: Path) -> list[dict]:
     records = []
     for line in path.read_text().splitlines():
         try:
@@ -503,7 +509,7 @@ def main() -> None:
         if process.is_alive():
             process.terminate()
         process.join(timeout=30)
-    worker_records = [r for path in rundir.glob("workers-*.jsonl") for r in _read_lines(path)]
+    worker_records = [r for path in rundir.glob("workers-*.jsonl") for r in read_lines(path)]
     requests_sent = []
     for _, path in requesters:
         requests_sent += json.loads(Path(path).read_text())

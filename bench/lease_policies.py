@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.fleet import MODEL, _prepare, _start_stack  # noqa: E402
+from bench.fleet import MODEL, _prepare, _start_stack, json_lines, read_lines  # noqa: E402
 
 LEASE = 10
 POLICIES = {
@@ -111,13 +111,7 @@ def _worker(base: str, api_key: str, name: str, speed: float, stop: float, log) 
 def _worker_process(
     base: str, keys: dict, index: int, count: int, stop: float, seed: int, out_path: str
 ) -> None:
-    out = open(out_path, "a", buffering=1)  # noqa: SIM115
-    lock = threading.Lock()
-
-    def log(record: dict) -> None:
-        with lock:
-            out.write(json.dumps(record) + "\n")
-
+    log = json_lines(out_path)
     rng = random.Random(seed * 100 + index)
     threads = []
     for t in range(count):
@@ -191,13 +185,7 @@ def _run(policy: str, args) -> dict:
         process.terminate()
     for process in stack:
         process.wait(timeout=30)
-    records = []
-    for path in rundir.glob("workers-*.jsonl"):
-        for line in path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
+    records = [r for path in rundir.glob("workers-*.jsonl") for r in read_lines(path)]
     states = dict(TextRequest.objects.values_list("id", "state"))
     outcome = {}
     for size in ("long", "short"):
