@@ -1,10 +1,12 @@
 """The pop: filters, order, lease fields, concurrency and its query count."""
 
+import json
 import threading
 from collections import Counter
 
 import pytest
 from django.db import connection
+from rest_framework.renderers import JSONRenderer
 
 from jobs.models import Generation, TextRequest
 from jobs.services import pop_generation
@@ -191,3 +193,23 @@ def test_two_first_pops_under_one_name_create_one_worker(make_caller):
         thread.join()
     assert errors == []
     assert Worker.objects.filter(name="same-name").count() == 1
+
+
+def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester, owner, time_machine):
+    """The view renders `_pop_answer` as is; PopOutput (the schema) must render it the same."""
+    from django.utils import timezone
+
+    from jobs import serializers
+    from jobs.views import _pop_answer
+
+    time_machine.move_to("2026-08-01 12:00:00.123456+00:00", tick=False)
+    owner.pop("w")
+    requester.request_text()
+    now = timezone.now()
+    job = pop_generation(account=owner.account, name="w", **POP)
+    for answer in (_pop_answer(job, now), _pop_answer(None, now)):
+        as_is = json.loads(JSONRenderer().render(answer))
+        assert as_is == json.loads(JSONRenderer().render(serializers.PopOutput(answer).data))
+    assert as_is["id"] is None
+    rendered = json.loads(JSONRenderer().render(_pop_answer(job, now)))
+    assert rendered["lease"]["expires_at"] == "2026-08-01T12:02:30.123456Z"
