@@ -43,10 +43,15 @@ def capacity(speed: float | None) -> int:
     return int(effective * lease_window_seconds())
 
 
+def online_since(now: datetime) -> datetime:
+    """A worker that popped at or after this is online (the rule `ONLINE` applies in SQL)."""
+    return now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS)
+
+
 def params(now: datetime) -> dict[str, Any]:
     """The values the SQL below refers to."""
     return {
-        "online_since": now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS),
+        "online_since": online_since(now),
         "unmeasured": settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
         "window": lease_window_seconds(),
         "trusted_window": _generating_seconds(settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),

@@ -1,7 +1,7 @@
 import hashlib
 import secrets
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
@@ -62,9 +62,9 @@ class Account(models.Model):
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def online(self, now: datetime) -> "WorkerQuerySet":
         """Workers that popped within WORKER_ONLINE_SECONDS (the eligibility rule's own test)."""
-        from django.conf import settings
+        from workers.eligibility import online_since
 
-        return self.filter(last_pop_at__gte=now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS))
+        return self.filter(last_pop_at__gte=online_since(now))
 
 
 class Worker(models.Model):
@@ -123,9 +123,9 @@ class Worker(models.Model):
         return capacity(self.speed)
 
     def is_online(self, now: datetime) -> bool:
-        from django.conf import settings
+        from workers.eligibility import online_since
 
-        return (now - self.last_pop_at).total_seconds() <= settings.WORKER_ONLINE_SECONDS
+        return self.last_pop_at >= online_since(now)
 
     def aborts_in_window(self, now: datetime) -> int:
         """Aborts counted in the current one-hour window (0 once it has passed)."""
