@@ -18,6 +18,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
 
 
+# Set in the ASGI scope of a request whose view is sync.
+SYNC_VIEW = "hordeops.sync_view"
+
+
 class HordeASGIHandler(ASGIHandler):
     """Django's ASGI handler, with sync views served as under WSGI, on threads that last.
 
@@ -42,13 +46,14 @@ class HordeASGIHandler(ASGIHandler):
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and not _is_async_view(_path_info(scope)):
-            # No ThreadSensitiveContext: it would start a thread for this request only.
-            await self.handle(scope, receive, send)
+            # No ThreadSensitiveContext: it would start a thread for this request only. The
+            # mark tells get_response_async, so the path is resolved once per request.
+            await self.handle({**scope, SYNC_VIEW: True}, receive, send)
             return
         await super().__call__(scope, receive, send)
 
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        if _is_async_view(request.path_info):
+        if not request.scope.get(SYNC_VIEW):
             return await super().get_response_async(request)
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
