@@ -94,22 +94,36 @@ def _reply(generation_id: str, words: int) -> list[str]:
     return [f"{rng.choice(('alpha', 'beta', 'gamma', 'delta', 'omega'))}{i} " for i in range(words)]
 
 
+def popped_jobs(base: str, api_key: str, name: str, *, max_length: int, stop: float):
+    """A simulated chat worker's pops until `stop`: yields (its HTTP client, each job it got),
+    popping again after POP_IDLE_SECONDS when there was none or the call failed."""
+    import httpx
+
+    http = httpx.Client(base_url=base, headers={"apikey": api_key}, timeout=30)
+    pop = {
+        "name": name,
+        "models": [MODEL],
+        "chat": True,
+        "max_length": max_length,
+        "max_context_length": 4096,
+    }
+    while time.time() < stop:
+        try:
+            answer = http.post("/api/v2/generate/text/pop", json=pop)
+            job = answer.json() if answer.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            job = {}
+        if job.get("id"):
+            yield http, job
+        else:
+            time.sleep(POP_IDLE_SECONDS)
+
+
 def _worker_thread(base: str, api_key: str, name: str, behaviour: str, stop: float, log) -> None:
     import httpx
 
     rng = random.Random(name)
-    http = httpx.Client(base_url=base, headers={"apikey": api_key}, timeout=30)
-    pop = {"name": name, "models": [MODEL], "chat": True, "max_length": 512, "max_context_length": 4096}
-    while time.time() < stop:
-        try:
-            answer = http.post("/api/v2/generate/text/pop", json=pop)
-        except httpx.HTTPError:
-            time.sleep(POP_IDLE_SECONDS)
-            continue
-        job = answer.json() if answer.status_code == 200 else {}
-        if not job.get("id"):
-            time.sleep(POP_IDLE_SECONDS)
-            continue
+    for http, job in popped_jobs(base, api_key, name, max_length=512, stop=stop):
         generation_id = job["id"]
         deltas = _reply(generation_id, rng.randint(4, 12))
         streams = job["kind"] == "chat" and behaviour != "plain"

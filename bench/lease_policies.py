@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.fleet import MODEL, _prepare, _start_stack, json_lines, read_lines  # noqa: E402
+from bench.fleet import MODEL, _prepare, _start_stack, json_lines, popped_jobs, read_lines  # noqa: E402
 
 LEASE = 10
 POLICIES = {
@@ -67,20 +67,8 @@ SHORT = (50, 150)
 
 
 def _worker(base: str, api_key: str, name: str, speed: float, stop: float, log) -> None:
-    import httpx
-
     rng = random.Random(name)
-    http = httpx.Client(base_url=base, headers={"apikey": api_key}, timeout=30)
-    pop = {"name": name, "models": [MODEL], "chat": True, "max_length": 1024, "max_context_length": 4096}
-    while time.time() < stop:
-        try:
-            job = http.post("/api/v2/generate/text/pop", json=pop).json()
-        except (httpx.HTTPError, ValueError):
-            time.sleep(0.5)
-            continue
-        if not job.get("id"):
-            time.sleep(0.3)
-            continue
+    for http, job in popped_jobs(base, api_key, name, max_length=1024, stop=stop):
         wanted = job["payload"]["max_length"]
         stall_after = rng.uniform(0.1, 0.9) * wanted / speed if rng.random() < STALL_SHARE else None
         started, made, seq, refused = time.time(), 0, 0, None
