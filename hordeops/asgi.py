@@ -1,5 +1,5 @@
 import asyncio
-import contextvars
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -8,18 +8,15 @@ import django
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.db import close_old_connections
-from django.http import HttpRequest, HttpResponseBase
-from django.urls import Resolver404, get_resolver
+from django.http import HttpResponseBase
+from django.urls import Resolver404, get_resolver, set_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
-
-
-# Set in the ASGI scope of a request whose view is sync.
-SYNC_VIEW = "hordeops.sync_view"
 
 
 class HordeASGIHandler(ASGIHandler):
@@ -27,12 +24,14 @@ class HordeASGIHandler(ASGIHandler):
 
     Under ASGI, Django runs each `MiddlewareMixin` middleware's process_request and
     process_response through `sync_to_async` (23 thread hops a request with this project's
-    middleware, counted in tests/hordeops/test_asgi.py), and each request's sync code on a
-    thread made for that request (`ThreadSensitiveContext`). Together that is more CPU than
-    the horde routes' own work. A
-    sync view (the horde routes, the admin) gains nothing from the async chain, so it runs
-    with the sync chain, in one hop to a long-lived pool of WEB_SYNC_THREADS threads, each
-    closing its database connection after the request as WSGI's request signals would.
+    middleware, counted in tests/hordeops/test_asgi.py), its request signals and the
+    response's close through more hops, and each request's sync code on a thread made for
+    that request (`ThreadSensitiveContext`). Together that is more CPU than the horde routes'
+    own work. A sync view (the horde routes, the admin) gains nothing from the async chain,
+    so the request is served as WSGI serves it: request_started, the sync middleware chain,
+    the view and the response's close (request_finished) in one hop to a long-lived pool of
+    WEB_SYNC_THREADS threads, so that the database connection is checked and given back on
+    the thread that used it. The event loop only reads the body and writes the answer.
     Async views (the chat relays) keep Django's async path untouched.
     """
 
@@ -45,28 +44,43 @@ class HordeASGIHandler(ASGIHandler):
         )
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and not _is_async_view(_path_info(scope)):
-            # No ThreadSensitiveContext: it would start a thread for this request only. The
-            # mark tells get_response_async, so the path is resolved once per request.
-            await self.handle({**scope, SYNC_VIEW: True}, receive, send)
+        if scope["type"] == "http" and not _is_async_view(settings.ROOT_URLCONF, _path_info(scope)):
+            await self._handle_sync(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        if not request.scope.get(SYNC_VIEW):
-            return await super().get_response_async(request)
-        context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._sync_threads, context.run, self._sync_response, request)
-
-    def _sync_response(self, request: HttpRequest) -> HttpResponseBase:
-        # The connection belongs to this thread: it is checked and given back here, as
-        # request_started and request_finished do under WSGI (those signals run elsewhere).
-        close_old_connections()
+    async def _handle_sync(self, scope, receive, send) -> None:
         try:
-            return self._sync_handler.get_response(request)
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            # Not in a copy of the event loop's context: each thread keeps its own, as a WSGI
+            # thread does, so what Django keeps per context (the cache clients, and through
+            # them the Redis client) is made once per thread, not once per request.
+            response = await loop.run_in_executor(self._sync_threads, self._sync_response, scope, body_file)
+            try:
+                await self.send_response(response, send)
+            finally:
+                if response.streaming:  # closed once its iterator is spent
+                    await loop.run_in_executor(self._sync_threads, response.close)
         finally:
-            close_old_connections()
+            body_file.close()
+
+    def _sync_response(self, scope, body_file) -> HttpResponseBase:
+        """One request, as Django's WSGIHandler serves it, up to the bytes to send."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self._sync_handler.get_response(request)
+            response._handler_class = self.__class__
+        if not response.streaming:
+            # The content is bytes already; closing now sends request_finished, which
+            # gives the connection back before the answer is written out.
+            response.close()
+        return response
 
 
 def _path_info(scope) -> str:
@@ -75,9 +89,11 @@ def _path_info(scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-def _is_async_view(path: str) -> bool:
+@functools.lru_cache(maxsize=1024)
+def _is_async_view(urlconf: str, path: str) -> bool:
+    """Whether the view at `path` is async; remembered, as resolving costs more than a pop's SQL."""
     try:
-        return iscoroutinefunction(get_resolver().resolve(path).func)
+        return iscoroutinefunction(get_resolver(urlconf).resolve(path).func)
     except Resolver404:
         return False  # the 404 handler is sync
 
