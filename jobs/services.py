@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.db.models import F
 
 from hordeops import clock, errors, metrics
+from hordeops.rows import columns, fetch_instance
 from jobs import leases, relay
 from jobs.models import Generation, TextRequest
 from workers import eligibility
@@ -301,7 +302,7 @@ def pop_generation(
     }
     # One statement, so one implicit transaction: lock the request, take its jobs, start the
     # leases. Nothing else runs between the lock and the commit.
-    request = next(iter(TextRequest.objects.raw(_claim_sql(), params)), None)
+    request = fetch_instance(TextRequest, _claim_sql(), params, extra=_CLAIMED)
     if request is None:
         if worker.maintenance:
             raise errors.WorkerMaintenance(worker.maintenance_reason or None)
@@ -407,10 +408,14 @@ def _claim_sql() -> str:
             FROM picked AS p, taken AS t, chosen AS c, generate_series(1, t.take)
             RETURNING id
         )
-        SELECT p.*, t.take, c.model AS generation_model,
-               ARRAY(SELECT id FROM started) AS generation_ids
+        SELECT {columns(TextRequest, "p")}, p.fallback_tier, t.take, c.model,
+               ARRAY(SELECT id FROM started)
         FROM picked AS p, taken AS t, chosen AS c
     """)
+
+
+# What the claim returns after the request's own columns, in order.
+_CLAIMED = ("fallback_tier", "take", "generation_model", "generation_ids")
 
 
 def _folded(sql: str) -> str:

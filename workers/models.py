@@ -9,6 +9,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from hordeops.rows import columns, fetch_instance
+
 ANONYMOUS_API_KEY = "0000000000"
 ANONYMOUS_NAME = "Anonymous"
 
@@ -30,10 +32,11 @@ class AccountQuerySet(models.QuerySet["Account"]):
     def for_api_key(self, api_key: str) -> "Account | None":
         # Every authenticated call runs this: raw SQL skips the ORM's compiling (half the CPU),
         # and, prepared, PostgreSQL's planning.
-        rows = self.raw(
-            f"SELECT * FROM {Account._meta.db_table} WHERE api_key_hash = %s", [hash_api_key(api_key)]
+        return fetch_instance(
+            Account,
+            f"SELECT {columns(Account)} FROM {Account._meta.db_table} WHERE api_key_hash = %s",
+            [hash_api_key(api_key)],
         )
-        return next(iter(rows), None)
 
 
 class Account(models.Model):

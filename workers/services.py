@@ -1,6 +1,7 @@
 from datetime import datetime
 
 from hordeops import errors
+from hordeops.rows import columns, fetch_instance
 from workers.models import Account, Worker, hash_api_key, new_api_key
 
 
@@ -40,25 +41,21 @@ def check_in_worker(
     """
     if account.is_anonymous:
         raise errors.AnonForbiddenWorker()
-    worker = next(
-        iter(
-            Worker.objects.raw(
-                _CHECK_IN_SQL,
-                {
-                    "name": name,
-                    "account_id": account.id,
-                    "served_models": served_models,
-                    "max_length": max_length,
-                    "max_context_length": max_context_length,
-                    "threads": threads,
-                    "nsfw": nsfw,
-                    "chat": chat,
-                    "bridge_agent": bridge_agent,
-                    "now": now,
-                },
-            )
-        ),
-        None,
+    worker = fetch_instance(
+        Worker,
+        _CHECK_IN_SQL,
+        {
+            "name": name,
+            "account_id": account.id,
+            "served_models": served_models,
+            "max_length": max_length,
+            "max_context_length": max_context_length,
+            "threads": threads,
+            "nsfw": nsfw,
+            "chat": chat,
+            "bridge_agent": bridge_agent,
+            "now": now,
+        },
     )
     if worker is None:
         raise errors.WrongCredentials("This worker name is owned by another account.")
@@ -77,7 +74,7 @@ _CHECK_IN_SQL = f"""
     ON CONFLICT (name) DO UPDATE SET
         {", ".join(f"{field} = EXCLUDED.{field}" for field in _DECLARED)}, last_pop_at = EXCLUDED.last_pop_at
     WHERE {Worker._meta.db_table}.account_id = EXCLUDED.account_id
-    RETURNING *
+    RETURNING {columns(Worker)}
 """
 
 

@@ -1,0 +1,55 @@
+"""hordeops.rows: model instances from hand-written SQL, as the ORM would load them."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.forms.models import model_to_dict
+from django.utils import timezone
+
+from hordeops.rows import columns, fetch_instance
+from jobs.models import TextRequest
+from workers.models import Account
+
+pytestmark = pytest.mark.django_db
+
+
+def test_columns_follow_the_models_field_order_quoted_and_optionally_prefixed():
+    names = [field.column for field in Account._meta.concrete_fields]
+    assert columns(Account) == ", ".join(f'"{name}"' for name in names)
+    assert columns(Account, "a") == ", ".join(f'a."{name}"' for name in names)
+
+
+def test_a_fetched_instance_equals_the_orms_json_and_arrays_included(requester):
+    created = TextRequest.objects.create(
+        account=requester.account,
+        kind=TextRequest.Kind.CHAT,
+        prompt="",
+        messages=[{"role": "user", "content": "héllo"}],
+        params={"temperature": 0.5},
+        requested_models=["m1", "m2"],
+        expires_at=timezone.now() + timedelta(minutes=5),
+    )
+    loaded = TextRequest.objects.get(pk=created.pk)
+    sql = f"SELECT {columns(TextRequest)}, 41 + 1 FROM {TextRequest._meta.db_table} WHERE id = %s"
+
+    fetched = fetch_instance(TextRequest, sql, [loaded.pk], extra=["answer"])
+
+    assert fetched is not None and fetched.pk == loaded.pk
+    assert model_to_dict(fetched) == model_to_dict(loaded)
+    assert fetched.messages == [{"role": "user", "content": "héllo"}]  # JSON decoded, not text
+    assert fetched.params == {"temperature": 0.5}
+    assert fetched.requested_models == ["m1", "m2"]
+    assert fetched.answer == 42
+    assert fetched._state.adding is False and fetched._state.db == connection.alias
+
+
+def test_no_row_gives_none():
+    sql = f"SELECT {columns(Account)} FROM {Account._meta.db_table} WHERE name = %s"
+    assert fetch_instance(Account, sql, ["nobody"]) is None
+
+
+def test_a_statement_with_more_columns_than_it_names_is_refused():
+    sql = f"SELECT {columns(Account)}, 1, 2 FROM {Account._meta.db_table}"
+    with pytest.raises(ValueError):
+        fetch_instance(Account, sql, [], extra=["one"])
