@@ -48,6 +48,13 @@ def online_since(now: datetime) -> datetime:
     return now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS)
 
 
+def check_in_fresh_since(now: datetime) -> datetime:
+    """A worker whose last pop is recorded at or after this is not written again by a pop
+    that declares nothing new: the record lags a worker's last pop by at most a tenth of
+    the online window (30 s of 300 by default, the AI Horde's check-in debounce)."""
+    return now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS / 10)
+
+
 def params(now: datetime) -> dict[str, Any]:
     """The values the SQL below refers to."""
     return {

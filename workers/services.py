@@ -2,6 +2,7 @@ from datetime import datetime
 
 from hordeops import errors
 from hordeops.rows import columns, fetch_instance
+from workers.eligibility import check_in_fresh_since
 from workers.models import Account, Worker, hash_api_key, new_api_key
 
 
@@ -36,8 +37,12 @@ def check_in_worker(
 ) -> Worker:
     """Find or create the worker named by a pop, and record what it declares now.
 
-    One upsert: a new name creates the worker, a name of this account's updates what the
-    worker declares, and a name owned by another account returns no row.
+    One statement: a new name creates the worker; a name of this account's updates what
+    the worker declares and its last pop; a name owned by another account is refused. The
+    last pop is written only when it is older than `eligibility.check_in_fresh_since` (a
+    tenth of the online window), as the AI Horde debounces its check-in, unless something
+    the worker declares changed: then it is written at once. Most pops thus write nothing:
+    a worker row update touches five indexes, the GIN index of its models among them.
     """
     if account.is_anonymous:
         raise errors.AnonForbiddenWorker()
@@ -55,26 +60,49 @@ def check_in_worker(
             "chat": chat,
             "bridge_agent": bridge_agent,
             "now": now,
+            "fresh_since": check_in_fresh_since(now),
         },
     )
-    if worker is None:
+    # No row: another account created the name in the same instant.
+    if worker is None or worker.account_id != account.id:
         raise errors.WrongCredentials("This worker name is owned by another account.")
     return worker
 
 
 _DECLARED = ("served_models", "max_length", "max_context_length", "threads", "nsfw", "chat", "bridge_agent")
+_DECLARED_NOW = (
+    "%(served_models)s::varchar[], %(max_length)s::integer, %(max_context_length)s::integer, "
+    "%(threads)s::smallint, %(nsfw)s::boolean, %(chat)s::boolean, %(bridge_agent)s::varchar"
+)
+# `current` is the row as it stands; `written` the upsert, tried unless the row is this
+# account's, its last pop fresh and its declarations unchanged. An upsert on another
+# account's name writes nothing (its WHERE), and the row returned is then that account's.
 _CHECK_IN_SQL = f"""
-    INSERT INTO {Worker._meta.db_table} (
-        id, name, account_id, {", ".join(_DECLARED)}, created_at, last_pop_at, speed, speed_samples,
-        completed_jobs, aborted_jobs, aborts_window_start, uncompleted_jobs, maintenance, maintenance_reason)
-    VALUES (
-        gen_random_uuid(), %(name)s, %(account_id)s, %(served_models)s::varchar[], %(max_length)s,
-        %(max_context_length)s, %(threads)s, %(nsfw)s, %(chat)s, %(bridge_agent)s, %(now)s, %(now)s,
-        NULL, '{{}}', 0, 0, NULL, 0, false, '')
-    ON CONFLICT (name) DO UPDATE SET
-        {", ".join(f"{field} = EXCLUDED.{field}" for field in _DECLARED)}, last_pop_at = EXCLUDED.last_pop_at
-    WHERE {Worker._meta.db_table}.account_id = EXCLUDED.account_id
-    RETURNING {columns(Worker)}
+    WITH current AS (
+        SELECT {columns(Worker)} FROM {Worker._meta.db_table} WHERE name = %(name)s
+    ),
+    written AS (
+        INSERT INTO {Worker._meta.db_table} (
+            id, name, account_id, {", ".join(_DECLARED)}, created_at, last_pop_at, speed, speed_samples,
+            completed_jobs, aborted_jobs, aborts_window_start, uncompleted_jobs, maintenance,
+            maintenance_reason)
+        SELECT gen_random_uuid(), %(name)s, %(account_id)s, {_DECLARED_NOW}, %(now)s, %(now)s,
+               NULL, '{{}}', 0, 0, NULL, 0, false, ''
+        WHERE NOT EXISTS (
+            SELECT FROM current AS c
+            WHERE c.account_id = %(account_id)s
+              AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s
+              AND ({", ".join(f"c.{field}" for field in _DECLARED)}) IS NOT DISTINCT FROM ({_DECLARED_NOW})
+        )
+        ON CONFLICT (name) DO UPDATE SET
+            {", ".join(f"{field} = EXCLUDED.{field}" for field in _DECLARED)},
+            last_pop_at = EXCLUDED.last_pop_at
+        WHERE {Worker._meta.db_table}.account_id = EXCLUDED.account_id
+        RETURNING {columns(Worker)}
+    )
+    SELECT * FROM written
+    UNION ALL
+    SELECT * FROM current WHERE NOT EXISTS (SELECT FROM written)
 """
 
 

@@ -39,6 +39,65 @@ def test_a_name_owned_by_another_account_is_WrongCredentials(owner, make_caller)
     assert (refused.status_code, refused.json()["rc"]) == (403, "WrongCredentials")
 
 
+def _worker_row(name: str) -> tuple:
+    """The worker's row version (its ctid changes with every write) and its last pop."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ctid::text, last_pop_at FROM workers_worker WHERE name = %s", [name])
+        return cursor.fetchone()
+
+
+def test_a_pop_declaring_nothing_new_within_a_tenth_of_the_online_window_writes_nothing(
+    owner, time_machine, settings
+):
+    settings.WORKER_ONLINE_SECONDS = 300
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
+    owner.pop("steady")
+    first = _worker_row("steady")
+    time_machine.shift(29)
+    assert owner.pop("steady").status_code == 200
+    assert _worker_row("steady") == first
+
+
+def test_a_pop_after_a_tenth_of_the_online_window_records_its_time(owner, time_machine, settings):
+    settings.WORKER_ONLINE_SECONDS = 300
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
+    owner.pop("steady")
+    time_machine.shift(31)
+    owner.pop("steady")
+    assert Worker.objects.get(name="steady").last_pop_at.isoformat() == "2026-01-01T00:00:31+00:00"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"models": ["m1", "m2"]},
+        {"max_length": 1024},
+        {"max_context_length": 4096},
+        {"threads": 2},
+        {"nsfw": True},
+        {"chat": True},
+        {"bridge_agent": "other:2:agent"},
+    ],
+)
+def test_a_pop_declaring_something_new_is_written_at_once(owner, time_machine, change):
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
+    owner.pop("changing", **{**POP, "models": ["m1"]})
+    time_machine.shift(5)
+    owner.pop("changing", **{**POP, "models": ["m1"], **change})
+    worker = Worker.objects.get(name="changing")
+    assert worker.last_pop_at.isoformat() == "2026-01-01T00:00:05+00:00"
+    field, value = next(iter(change.items()))
+    assert getattr(worker, "served_models" if field == "models" else field) == value
+
+
+def test_a_recorded_pop_later_than_now_is_written_back_to_now(owner, time_machine):
+    time_machine.move_to("2026-01-01 00:01:00+00:00", tick=False)
+    owner.pop("traveller")
+    time_machine.move_to("2026-01-01 00:00:50+00:00", tick=False)
+    owner.pop("traveller")
+    assert Worker.objects.get(name="traveller").last_pop_at.isoformat() == "2026-01-01T00:00:50+00:00"
+
+
 def test_the_anonymous_key_cannot_run_a_worker(anonymous):
     refused = anonymous.pop("anon-worker")
     assert (refused.status_code, refused.json()["rc"]) == (403, "AnonForbiddenWorker")
