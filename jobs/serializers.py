@@ -1,5 +1,8 @@
 """Input validation and output shapes of the horde text routes (AI Horde v2 names)."""
 
+import threading
+
+from django.utils.functional import cached_property
 from rest_framework import serializers
 
 
@@ -40,6 +43,32 @@ class StrictUUIDField(serializers.UUIDField):
         if not isinstance(data, str):
             self.fail("invalid", value=data)
         return super().to_internal_value(data)
+
+
+class WorkerInput(serializers.Serializer):
+    """The body of a worker's pop, progress or submit: fields built once per class and thread.
+
+    DRF deep-copies a serializer's declared fields for every instance, and on these routes
+    that copy cost more than the validation itself (290 of 520 us for a pop body on the
+    2-core bench machine). These fields keep no state while they validate: no context, no
+    partial updates, no default or validator that needs its serializer. So one bound set,
+    built on an empty instance, serves every instance of the class on a thread.
+    """
+
+    _built = threading.local()
+
+    def __init__(self, *args, **kwargs) -> None:
+        if kwargs.get("context") or kwargs.get("partial"):
+            raise TypeError("A WorkerInput's fields are shared: they see no context and no partial update.")
+        super().__init__(*args, **kwargs)
+
+    @cached_property
+    def fields(self):
+        built = self._built.__dict__
+        cls = type(self)
+        if cls not in built:
+            built[cls] = serializers.Serializer.fields.func(cls())
+        return built[cls]
 
 
 def _int(lo: int, hi: int, **kwargs) -> StrictIntegerField:
@@ -138,7 +167,7 @@ class RequestStatusOutput(serializers.Serializer):
     might_stall = serializers.BooleanField()
 
 
-class PopInput(serializers.Serializer):
+class PopInput(WorkerInput):
     name = StrictCharField(max_length=100, trim_whitespace=True)
     models = serializers.ListField(child=StrictCharField(max_length=255), min_length=1, max_length=200)
     max_length = _int(1, 1_048_576, default=512)
@@ -171,7 +200,7 @@ class PopOutput(serializers.Serializer):
     deadline_ms = serializers.IntegerField(required=False)
 
 
-class SubmitInput(serializers.Serializer):
+class SubmitInput(WorkerInput):
     id = StrictUUIDField()
     generation = StrictCharField(allow_blank=True, trim_whitespace=False, default="")
     state = serializers.ChoiceField(choices=["ok", "censored", "faulted", "csam"], default="ok")
@@ -179,7 +208,7 @@ class SubmitInput(serializers.Serializer):
     gen_metadata = serializers.ListField(child=serializers.DictField(), max_length=50, default=list)
 
 
-class ProgressInput(serializers.Serializer):
+class ProgressInput(WorkerInput):
     id = StrictUUIDField()
     seq = _int(1, 10_000_000)
     delta = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
