@@ -103,8 +103,8 @@ def database_from_url(url: str) -> dict:
             "options": "-c jit=off",
             # Parameters travel apart from the SQL, and psycopg prepares a statement that a
             # connection runs a fifth time (the hot routes'), so that PostgreSQL parses it once
-            # and reuses its plan where a generic plan is as good (the pop's is not: PostgreSQL
-            # keeps planning it with the worker's values, as it should).
+            # and then reuses a generic plan where it is as good as planning each call (the
+            # pop's is, thanks to its plan hint: see jobs.services._pop_sql).
             "server_side_binding": True,
             "prepare_threshold": 5,
             "pool": {

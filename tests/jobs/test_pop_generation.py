@@ -272,3 +272,51 @@ def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester
     assert as_is["id"] is None
     rendered = json.loads(JSONRenderer().render(_pop_answer(job, now)))
     assert rendered["lease"]["expires_at"] == "2026-08-01T12:02:30.123456Z"
+
+
+def test_the_pops_generic_plan_walks_the_queue_index_without_sorting(requester, owner):
+    """PostgreSQL keeps a prepared pop's generic plan: it must be the index walk, not a sort."""
+    import re
+
+    from psycopg import sql
+
+    from jobs.services import _claim_sql, pop_params
+
+    owner.pop("planned")  # checks the worker in: its model can then be asked for
+    assert requester.request_text(models=["m1"]).status_code == 202
+    # A queue the size the planner would see in service, and its statistics.
+    copied = [field.column for field in TextRequest._meta.concrete_fields if field.column != "id"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO jobs_textrequest (id, {', '.join(copied)}) "
+            f"SELECT gen_random_uuid(), {', '.join(copied)} FROM jobs_textrequest, generate_series(1, 20000)"
+        )
+        cursor.execute("ANALYZE jobs_textrequest")
+    worker = Worker.objects.get(name="planned")
+    params = {
+        **pop_params(worker, trusted=False, now=worker.last_pop_at),
+        **{"amount": 1, "job_ttl": 150, "cap_seconds": 200, "capacity": 1200, "capacity_limited": False},
+    }
+    statement = _claim_sql()
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))  # psycopg's $n order
+    with connection.connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        try:
+            cursor.execute(statement, params, prepare=True)
+            cursor.execute(
+                "SELECT name, parameter_types::text[] FROM pg_prepared_statements WHERE statement LIKE %s",
+                ["%picked AS%"],
+            )
+            name, types = cursor.fetchone()
+            values = sql.SQL(", ").join(
+                sql.SQL("{}::" + kind).format(sql.Literal(params[param]))
+                for param, kind in zip(names, types, strict=True)
+            )
+            cursor.execute(sql.SQL("EXPLAIN EXECUTE {}({})").format(sql.Identifier(name), values))
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("RESET plan_cache_mode")
+    picking = plan.split("CTE taken")[0]
+    assert "$1" in picking  # generic: the worker's values are parameters, not constants
+    assert "Index Scan using request_pop_queue" in picking
+    assert "Sort" not in picking
