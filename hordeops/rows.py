@@ -1,10 +1,11 @@
-"""Model instances from hand-written SQL, for the statements every pop runs.
+"""Model instances from hand-written SQL, for the statements the hot worker routes run.
 
 `Model.objects.raw()` works out, on every call, which cursor column is which field: it reads
 the cursor's description (an object per column), maps names to fields and looks up each
 field's converters; on a pop's three statements that was about a tenth of the web process's
-CPU. Here the statement lists the columns itself, in the model's field order (`columns`),
-so that mapping is worked out once per model.
+CPU. The ORM's querysets cost more still (compiling a three-table select_related was most of
+a progress post's). Here the statement lists the columns itself, in the model's field order
+(`columns`), so that mapping is worked out once per model and field list.
 """
 
 from collections.abc import Mapping, Sequence
@@ -15,15 +16,17 @@ from django.db import connection
 from django.db.models import Model
 
 M = TypeVar("M", bound=Model)
+Fields = tuple[str, ...] | None  # a subset of a model's fields, or None for all of them
 
 
 @cache
-def columns(model: type[Model], alias: str = "") -> str:
-    """The model's concrete columns in field order, for a SELECT or RETURNING list."""
+def columns(model: type[Model], alias: str = "", fields: Fields = None) -> str:
+    """The model's concrete columns (or those of `fields`) in field order, for a SELECT or
+    RETURNING list. Fields left out are deferred: reading one costs a query."""
     prefix = f"{alias}." if alias else ""
     # Quoted as PostgreSQL quotes identifiers, without asking a connection: this runs while
     # modules build their statements, before any database is configured.
-    return ", ".join(f'{prefix}"{field.column}"' for field in model._meta.concrete_fields)
+    return ", ".join(f'{prefix}"{field.column}"' for field in _fields(model, fields))
 
 
 def fetch_instance(
@@ -34,31 +37,70 @@ def fetch_instance(
     The statement's columns are `columns(model)` then one per name in `extra`, which are set
     as attributes (as `raw()` sets annotations).
     """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    row = _first_row(sql, params)
     if row is None:
         return None
-    attnames, converters = _shape(model)
-    values = list(row[: len(attnames)])
-    for index, expression, functions in converters:
-        for function in functions:
-            values[index] = function(values[index], expression, connection)
-    instance = model.from_db(connection.alias, attnames, values)
-    for name, value in zip(extra, row[len(attnames) :], strict=True):
+    instance = _instance(model, None, row, 0)
+    width = len(_shape(model, None)[0])
+    for name, value in zip(extra, row[width:], strict=True):
         setattr(instance, name, value)
     return instance
 
 
+def fetch_instances(
+    sql: str, params: Sequence[Any] | Mapping[str, Any], *parts: tuple[type[Model], Fields]
+) -> list[Model] | None:
+    """The first row of `sql` as one instance per (model, fields) part, or None.
+
+    The statement's columns are `columns(model, alias, fields)` of each part, in order.
+    """
+    row = _first_row(sql, params)
+    if row is None:
+        return None
+    instances, offset = [], 0
+    for model, fields in parts:
+        instances.append(_instance(model, fields, row, offset))
+        offset += len(_shape(model, fields)[0])
+    if offset != len(row):
+        raise ValueError(f"The statement returned {len(row)} columns, the parts name {offset}.")
+    return instances
+
+
+def _first_row(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def _instance(model: type[M], fields: Fields, row: tuple, offset: int) -> M:
+    attnames, converters = _shape(model, fields)
+    values = list(row[offset : offset + len(attnames)])
+    for index, expression, functions in converters:
+        for function in functions:
+            values[index] = function(values[index], expression, connection)
+    return model.from_db(connection.alias, attnames, values)
+
+
+def _fields(model: type[Model], fields: Fields) -> list:
+    """The concrete fields, all or those named, in the model's order (as from_db needs)."""
+    concrete = model._meta.concrete_fields
+    if fields is None:
+        return list(concrete)
+    unknown = set(fields) - {field.name for field in concrete}
+    if unknown:
+        raise ValueError(f"{model.__name__} has no concrete fields {sorted(unknown)}.")
+    return [field for field in concrete if field.name in fields or field.primary_key]
+
+
 @cache
-def _shape(model: type[Model]) -> tuple[list[str], list[tuple[int, Any, tuple]]]:
-    """The field attnames in column order, and the converters of the fields that have any
-    (a JSONField's decoding, say), as the ORM's compiler would apply them."""
-    fields = model._meta.concrete_fields
+def _shape(model: type[Model], fields: Fields) -> tuple[list[str], list[tuple[int, Any, tuple]]]:
+    """The attnames in column order, and the converters of the fields that have any (a
+    JSONField's decoding, say), as the ORM's compiler would apply them."""
+    chosen = _fields(model, fields)
     converters = []
-    for index, field in enumerate(fields):
+    for index, field in enumerate(chosen):
         expression = field.get_col(model._meta.db_table)
         functions = (*connection.ops.get_db_converters(expression), *expression.get_db_converters(connection))
         if functions:
             converters.append((index, expression, functions))
-    return [field.attname for field in fields], converters
+    return [field.attname for field in chosen], converters

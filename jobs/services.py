@@ -15,7 +15,6 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
 
 from hordeops import clock, errors, metrics
 from hordeops.rows import columns, fetch_instance
@@ -487,7 +486,7 @@ def record_progress(
     worker told, so that no generation is ever aborted with a live stream lease.
     """
     now = now or clock.now()
-    generation = Generation.objects.select_related("worker", "request").filter(pk=generation_id).first()
+    generation = Generation.objects.for_worker_post(generation_id)
     if generation is None:
         raise errors.InvalidJobID()
     if generation.worker.account_id != account.id:
@@ -521,9 +520,9 @@ def record_progress(
         # Whole seconds, never short of the Redis lease end nor past the cap.
         seconds = round(renewal.lease_end - generation.popped_at.timestamp(), 3)
         job_ttl = min(generation.cap_seconds, math.ceil(seconds))
-        written = Generation.objects.filter(pk=generation.pk, state=Generation.State.PROCESSING).update(
-            job_ttl=job_ttl, renewals=F("renewals") + 1
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(_RENEW_SQL, [job_ttl, generation.pk])
+            written = cursor.rowcount
         if not written:
             leases.kill([generation.pk])
             raise _refusal(generation.pk)
@@ -534,6 +533,14 @@ def record_progress(
         expires_at=renewal.expires_at,
         ttl=max(0, math.floor(renewal.lease_end - now.timestamp())),
     )
+
+
+# The lease a granted renewal moved, written where the stale pass reads it (raw: the ORM's
+# compiling of this update cost more than running it).
+_RENEW_SQL = (
+    f"UPDATE {Generation._meta.db_table} SET job_ttl = %s, renewals = renewals + 1"
+    " WHERE id = %s AND state = 'processing'"
+)
 
 
 def submit_generation(
@@ -548,7 +555,7 @@ def submit_generation(
 ) -> float:
     """Accept a worker's result, or its giving the job back; return the reward."""
     now = now or clock.now()
-    generation = Generation.objects.select_related("worker", "request").filter(pk=generation_id).first()
+    generation = Generation.objects.for_worker_post(generation_id)
     if generation is None:
         raise errors.InvalidJobID()
     if generation.worker.account_id != account.id:

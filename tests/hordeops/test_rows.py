@@ -7,7 +7,7 @@ from django.db import connection
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from hordeops.rows import columns, fetch_instance
+from hordeops.rows import columns, fetch_instance, fetch_instances
 from jobs.models import TextRequest
 from workers.models import Account
 
@@ -53,3 +53,24 @@ def test_a_statement_with_more_columns_than_it_names_is_refused():
     sql = f"SELECT {columns(Account)}, 1, 2 FROM {Account._meta.db_table}"
     with pytest.raises(ValueError):
         fetch_instance(Account, sql, [], extra=["one"])
+
+
+def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
+    sql = (
+        f"SELECT {columns(Account, 'a', ('name',))}, {columns(Account, 'b')} "
+        f"FROM {Account._meta.db_table} AS a, {Account._meta.db_table} AS b WHERE a.id = %s AND b.id = %s"
+    )
+    short, full = fetch_instances(
+        sql, [requester.account.pk, requester.account.pk], (Account, ("name",)), (Account, None)
+    )
+    assert short.pk == full.pk == requester.account.pk and short.name == "requester"
+    assert short.get_deferred_fields() == {"api_key_hash", "trusted", "deadline_limit_ms", "created_at"}
+    assert full.get_deferred_fields() == set()
+
+
+def test_parts_that_do_not_cover_the_row_or_name_no_field_are_refused(requester):
+    sql = f"SELECT {columns(Account)}, 1 FROM {Account._meta.db_table} WHERE id = %s"
+    with pytest.raises(ValueError):
+        fetch_instances(sql, [requester.account.pk], (Account, None))
+    with pytest.raises(ValueError):
+        columns(Account, "", ("no_such_field",))

@@ -25,6 +25,23 @@ def test_an_unknown_generation_is_InvalidJobID(owner):
     assert (refused.status_code, refused.json()["rc"]) == (404, "InvalidJobID")
 
 
+def test_a_posted_generation_loads_with_its_workers_account_and_its_requests_kind(requester, owner):
+    request_id, generation_id = _queue_and_pop(requester, owner)
+    loaded = Generation.objects.for_worker_post(generation_id)
+    expected = Generation.objects.select_related("worker", "request").get(pk=generation_id)
+    assert [getattr(loaded, f.attname) for f in Generation._meta.concrete_fields] == [
+        getattr(expected, f.attname) for f in Generation._meta.concrete_fields
+    ]
+    assert loaded.worker.account_id == owner.account.id
+    assert str(loaded.request.pk) == request_id
+    assert (loaded.request.kind, loaded.request.max_length, loaded.request.deadline_at) == (
+        expected.request.kind,
+        expected.request.max_length,
+        None,
+    )
+    assert Generation.objects.for_worker_post(uuid.uuid4()) is None
+
+
 def test_a_worker_cannot_submit_another_workers_generation(requester, owner, make_caller):
     _, generation_id = _queue_and_pop(requester, owner)
     other = make_caller("other-owner")
