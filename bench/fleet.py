@@ -374,6 +374,19 @@ def _prepare(overrides: dict[str, str] | None = None) -> dict[str, str]:
     return keys
 
 
+def _wait_for_check_ins(expected: int, timeout: float = 120) -> None:
+    from django.db import connection
+
+    from workers.models import Worker
+
+    deadline = time.monotonic() + timeout
+    while Worker.objects.count() < expected:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {Worker.objects.count()} of {expected} workers checked in")
+        time.sleep(0.2)
+    connection.close()
+
+
 def _report(requests_sent: list[dict], worker_records: list[dict], elapsed: float) -> dict:
     from django.db.models import Count, F, Q
 
@@ -485,6 +498,9 @@ def main() -> None:
             args=(base, keys, i, args.workers_per_process, stop, out),
         )
         workers[i].start()
+    # Requests for models no worker serves yet are refused (400), as the AI Horde does: the
+    # requesters start once every worker has checked in.
+    _wait_for_check_ins(args.worker_processes * args.workers_per_process)
     requesters = []
     for i in range(2):
         out = str(rundir / f"requesters-{i}.json")
