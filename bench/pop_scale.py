@@ -243,7 +243,7 @@ def _pop(worker):
     from jobs.services import pop_generation
 
     return pop_generation(
-        account=worker.account,
+        api_key=worker.account.name,  # _seed keys each owner by its name
         name=worker.name,
         models=worker.served_models,
         max_length=worker.max_length,

@@ -49,18 +49,21 @@ def fetch_instance(
 
 def fetch_instances(
     sql: str, params: Sequence[Any] | Mapping[str, Any], *parts: tuple[type[Model], Fields]
-) -> list[Model] | None:
+) -> list[Model | None] | None:
     """The first row of `sql` as one instance per (model, fields) part, or None.
 
-    The statement's columns are `columns(model, alias, fields)` of each part, in order.
+    The statement's columns are `columns(model, alias, fields)` of each part, in order. A
+    part whose primary key is NULL (an outer join that found nothing) is None.
     """
     row = _first_row(sql, params)
     if row is None:
         return None
     instances, offset = [], 0
     for model, fields in parts:
-        instances.append(_instance(model, fields, row, offset))
-        offset += len(_shape(model, fields)[0])
+        attnames = _shape(model, fields)[0]
+        present = row[offset + attnames.index(model._meta.pk.attname)] is not None
+        instances.append(_instance(model, fields, row, offset) if present else None)
+        offset += len(attnames)
     if offset != len(row):
         raise ValueError(f"The statement returned {len(row)} columns, the parts name {offset}.")
     return instances

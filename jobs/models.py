@@ -1,6 +1,7 @@
 import uuid
 from datetime import datetime, timedelta
 from functools import cache
+from typing import NamedTuple
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
@@ -8,7 +9,7 @@ from django.db.models import F, Func, Q
 from django.utils import timezone
 
 from hordeops.rows import columns, fetch_instances
-from workers.models import Account, Worker
+from workers.models import Account, Worker, hash_api_key
 
 
 class SecondsAfter(Func):
@@ -108,16 +109,23 @@ class GenerationQuerySet(models.QuerySet["Generation"]):
     def over_capacity(self) -> "GenerationQuerySet":
         return self.filter(fallback_tier__gt=1)
 
-    def for_worker_post(self, generation_id) -> "Generation | None":
-        """The generation a worker posts progress or a result to, with its worker (the
-        account) and its request (kind, max_length, deadline): one statement, no ORM
-        compiling, on the two hottest routes after the pop. Other fields load on access."""
-        found = fetch_instances(_worker_post_sql(), [generation_id], *_WORKER_POST_PARTS)
+    def for_worker_post(self, generation_id, *, api_key: str) -> "WorkerPost | None":
+        """Who posts (the account of `api_key`, its id loaded) and the generation they post
+        progress or a result to, with its worker (the account) and its request (kind,
+        max_length, deadline): one statement, no ORM compiling, on the two hottest routes
+        after the pop. None if no account has the key; the generation is None if there is no
+        such generation. Other fields load on access."""
+        found = fetch_instances(
+            _worker_post_sql(),
+            {"id": generation_id, "api_key_hash": hash_api_key(api_key)},
+            *_WORKER_POST_PARTS,
+        )
         if found is None:
             return None
-        generation, worker, request = found
-        generation.worker, generation.request = worker, request
-        return generation
+        caller, generation, worker, request = found
+        if generation is not None:
+            generation.worker, generation.request = worker, request
+        return WorkerPost(caller=caller, generation=generation)
 
     def stale(self, now: datetime) -> "GenerationQuerySet":
         """Processing generations whose lease (pop + job_ttl) ended before `now`."""
@@ -214,7 +222,13 @@ class Generation(models.Model):
         )
 
 
+class WorkerPost(NamedTuple):
+    caller: Account
+    generation: Generation | None
+
+
 _WORKER_POST_PARTS = (
+    (Account, ("id",)),
     (Generation, None),
     (Worker, ("account",)),
     (TextRequest, ("kind", "state", "max_length", "deadline_at")),
@@ -223,12 +237,15 @@ _WORKER_POST_PARTS = (
 
 @cache
 def _worker_post_sql() -> str:
-    (_, worker_fields), (_, request_fields) = _WORKER_POST_PARTS[1:]
+    # The caller's row is the one row, the generation joined to it: an unknown key gives no
+    # row whether or not the generation exists, as authenticating first would.
+    (_, caller_fields), _, (_, worker_fields), (_, request_fields) = _WORKER_POST_PARTS
     return (
-        f"SELECT {columns(Generation, 'g')}, {columns(Worker, 'w', worker_fields)}, "
-        f"{columns(TextRequest, 'r', request_fields)} "
-        f"FROM {Generation._meta.db_table} AS g "
+        f"SELECT {columns(Account, 'a', caller_fields)}, {columns(Generation, 'g')}, "
+        f"{columns(Worker, 'w', worker_fields)}, {columns(TextRequest, 'r', request_fields)} "
+        f"FROM {Account._meta.db_table} AS a "
+        f"LEFT JOIN ({Generation._meta.db_table} AS g "
         f"JOIN {Worker._meta.db_table} AS w ON w.id = g.worker_id "
-        f"JOIN {TextRequest._meta.db_table} AS r ON r.id = g.request_id "
-        "WHERE g.id = %s"
+        f"JOIN {TextRequest._meta.db_table} AS r ON r.id = g.request_id) ON g.id = %(id)s "
+        "WHERE a.api_key_hash = %(api_key_hash)s"
     )

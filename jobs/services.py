@@ -22,6 +22,7 @@ from jobs import leases, relay
 from jobs.models import Generation, TextRequest
 from workers import eligibility
 from workers.models import Account, Worker
+from workers.services import check_in_worker, required_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ class PoppedJob:
 
 def pop_generation(
     *,
-    account: Account,
+    api_key: str | None,
     name: str,
     models: list[str],
     max_length: int,
@@ -266,17 +267,16 @@ def pop_generation(
     amount: int,
     now: datetime | None = None,
 ) -> PoppedJob | None:
-    """Check the worker in, then claim the best request it may serve, if any.
+    """Authenticate the key and check the worker in, then claim the best request it may
+    serve, if any.
 
     The claim is one short transaction: lock one request row with SKIP LOCKED so that
     concurrent pops never wait on each other, take up to `amount` of its jobs and start
     one lease per job.
     """
-    from workers.services import check_in_worker
-
     now = now or clock.now()
     worker = check_in_worker(
-        account=account,
+        api_key=api_key,
         name=name,
         served_models=models,
         max_length=max_length,
@@ -287,7 +287,7 @@ def pop_generation(
         bridge_agent=bridge_agent,
         now=now,
     )
-    trusted = account.trusted
+    trusted = worker.account.trusted
     cap = lease_cap_seconds(trusted=trusted)
     if worker.capacity_limited:
         metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED, now=now)
@@ -471,7 +471,7 @@ class ProgressResult:
 
 def record_progress(
     *,
-    account: Account,
+    api_key: str | None,
     generation_id: UUID,
     seq: int,
     delta: str,
@@ -486,11 +486,7 @@ def record_progress(
     worker told, so that no generation is ever aborted with a live stream lease.
     """
     now = now or clock.now()
-    generation = Generation.objects.for_worker_post(generation_id)
-    if generation is None:
-        raise errors.InvalidJobID()
-    if generation.worker.account_id != account.id:
-        raise errors.WrongCredentials()
+    generation = _posted_generation(api_key=api_key, generation_id=generation_id)
     if generation.state != Generation.State.PROCESSING:
         raise _refusal(generation.pk)
     if generation.request.kind != TextRequest.Kind.CHAT:
@@ -535,6 +531,22 @@ def record_progress(
     )
 
 
+def _posted_generation(*, api_key: str | None, generation_id: UUID) -> Generation:
+    """The generation a worker posts to, once the key is known and owns its worker.
+
+    The key is checked in the generation's own statement: a bad key is refused before a bad
+    id, as when authenticating came first."""
+    post = Generation.objects.for_worker_post(generation_id, api_key=required_api_key(api_key))
+    if post is None:
+        raise errors.InvalidAPIKey()
+    generation = post.generation
+    if generation is None:
+        raise errors.InvalidJobID()
+    if generation.worker.account_id != post.caller.id:
+        raise errors.WrongCredentials()
+    return generation
+
+
 # The lease a granted renewal moved, written where the stale pass reads it (raw: the ORM's
 # compiling of this update cost more than running it).
 _RENEW_SQL = (
@@ -545,7 +557,7 @@ _RENEW_SQL = (
 
 def submit_generation(
     *,
-    account: Account,
+    api_key: str | None,
     generation_id: UUID,
     text: str,
     state: str,
@@ -555,11 +567,7 @@ def submit_generation(
 ) -> float:
     """Accept a worker's result, or its giving the job back; return the reward."""
     now = now or clock.now()
-    generation = Generation.objects.for_worker_post(generation_id)
-    if generation is None:
-        raise errors.InvalidJobID()
-    if generation.worker.account_id != account.id:
-        raise errors.WrongCredentials()
+    generation = _posted_generation(api_key=api_key, generation_id=generation_id)
     _refuse_past_deadline(generation.request, now)
     if state == "faulted":
         _give_back(generation, now)

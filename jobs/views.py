@@ -31,6 +31,21 @@ def _validated(serializer_class, request: Request) -> dict:
     return serializer.validated_data
 
 
+def _worker_post(serializer_class, request: Request) -> tuple[str | None, dict]:
+    """A worker route's API key and its validated body.
+
+    The service checks the key in its own first statement (a round trip saved on the
+    hottest routes). A body refused here is refused for a bad key first, 401 before 400,
+    as when the key was checked before the body was read.
+    """
+    api_key = request.headers.get("apikey")
+    try:
+        return api_key, _validated(serializer_class, request)
+    except Exception:
+        authenticate(api_key=api_key)
+        raise
+
+
 class TextAsyncView(APIView):
     @extend_schema(
         operation_id="text_async",
@@ -161,12 +176,11 @@ class TextPopView(APIView):
         responses={200: s.PopOutput, **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        account = _account(request)
-        data = _validated(s.PopInput, request)
+        api_key, data = _worker_post(s.PopInput, request)
         now = clock.now()
         job = services.pop_generation(
             now=now,
-            account=account,
+            api_key=api_key,
             name=data["name"],
             models=data["models"],
             max_length=data["max_length"],
@@ -191,10 +205,9 @@ class TextProgressView(APIView):
         responses={200: s.ProgressOutput, **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        account = _account(request)
-        data = _validated(s.ProgressInput, request)
+        api_key, data = _worker_post(s.ProgressInput, request)
         result = services.record_progress(
-            account=account,
+            api_key=api_key,
             generation_id=data["id"],
             seq=data["seq"],
             delta=data["delta"],
@@ -211,10 +224,9 @@ class TextSubmitView(APIView):
         responses={200: s.SubmitOutput, **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        account = _account(request)
-        data = _validated(s.SubmitInput, request)
+        api_key, data = _worker_post(s.SubmitInput, request)
         reward = services.submit_generation(
-            account=account,
+            api_key=api_key,
             generation_id=data["id"],
             text=data["generation"],
             state=data["state"],

@@ -823,6 +823,14 @@ def test_a_bad_body_without_an_api_key_is_refused_with_InvalidAPIKey_first(scene
     scene.assert_kept()
 
 
+@pytest.mark.parametrize("body", [b"{", b"[]", b'{"id": 1, "name": 2, "models": 3}'])
+def test_a_bad_body_with_an_unknown_api_key_is_refused_with_InvalidAPIKey_first(scene, body):
+    # The worker routes check the key in their own statement, after the body: a bad body
+    # still answers for the key first.
+    assert_refused(scene.send_raw(body, HTTP_APIKEY=BAD_KEYS["unknown"]), 401, "InvalidAPIKey")
+    scene.assert_kept()
+
+
 def test_the_anonymous_key_popping_is_refused_with_AnonForbiddenWorker(requester, owner, anonymous):
     owner.pop("worker-1")
     request_id = requester.request_text(models=["m1"]).json()["id"]

@@ -21,6 +21,9 @@ def hash_api_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
 
+ANONYMOUS_API_KEY_HASH = hash_api_key(ANONYMOUS_API_KEY)
+
+
 def new_api_key() -> str:
     # Never starting with "-": a command line would read such a key as an option
     # (`--apikey -x1Q...`), as the example worker's argparse did.
@@ -61,7 +64,7 @@ class Account(models.Model):
 
     @property
     def is_anonymous(self) -> bool:
-        return self.api_key_hash == hash_api_key(ANONYMOUS_API_KEY)
+        return self.api_key_hash == ANONYMOUS_API_KEY_HASH
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):

@@ -1,9 +1,9 @@
 from datetime import datetime
 
 from hordeops import errors
-from hordeops.rows import columns, fetch_instance
+from hordeops.rows import columns, fetch_instances
 from workers.eligibility import check_in_fresh_since
-from workers.models import Account, Worker, hash_api_key, new_api_key
+from workers.models import ANONYMOUS_API_KEY_HASH, Account, Worker, hash_api_key, new_api_key
 
 
 def create_account(*, name: str, trusted: bool = False) -> tuple[Account, str]:
@@ -14,17 +14,22 @@ def create_account(*, name: str, trusted: bool = False) -> tuple[Account, str]:
 
 
 def authenticate(*, api_key: str | None) -> Account:
-    if not api_key:
-        raise errors.InvalidAPIKey("This route needs an API key in the apikey header.")
-    account = Account.objects.for_api_key(api_key)
+    account = Account.objects.for_api_key(required_api_key(api_key))
     if account is None:
         raise errors.InvalidAPIKey()
     return account
 
 
+def required_api_key(api_key: str | None) -> str:
+    """The key as sent, refused if it is missing or empty (before any query)."""
+    if not api_key:
+        raise errors.InvalidAPIKey("This route needs an API key in the apikey header.")
+    return api_key
+
+
 def check_in_worker(
     *,
-    account: Account,
+    api_key: str | None,
     name: str,
     served_models: list[str],
     max_length: int,
@@ -35,23 +40,22 @@ def check_in_worker(
     bridge_agent: str,
     now: datetime,
 ) -> Worker:
-    """Find or create the worker named by a pop, and record what it declares now.
+    """Authenticate a pop's key, find or create the worker it names, and record what the
+    worker declares now; return the worker with its account (the key's) loaded.
 
-    One statement: a new name creates the worker; a name of this account's updates what
-    the worker declares and its last pop; a name owned by another account is refused. The
-    last pop is written only when it is older than `eligibility.check_in_fresh_since` (a
-    tenth of the online window), as the AI Horde debounces its check-in, unless something
-    the worker declares changed: then it is written at once. Most pops thus write nothing:
-    a worker row update touches five indexes, the GIN index of its models among them.
+    One statement: the key's account is looked up; a new name creates the worker; a name of
+    this account's updates what the worker declares and its last pop; a name owned by another
+    account is refused, as is the anonymous account (it may not own workers). The last pop
+    is written only when it is older than `eligibility.check_in_fresh_since` (a tenth of the
+    online window), as the AI Horde debounces its check-in, unless something the worker
+    declares changed: then it is written at once. Most pops thus write nothing: a worker
+    row update touches five indexes, the GIN index of its models among them.
     """
-    if account.is_anonymous:
-        raise errors.AnonForbiddenWorker()
-    worker = fetch_instance(
-        Worker,
+    found = fetch_instances(
         _CHECK_IN_SQL,
         {
+            "api_key_hash": hash_api_key(required_api_key(api_key)),
             "name": name,
-            "account_id": account.id,
             "served_models": served_models,
             "max_length": max_length,
             "max_context_length": max_context_length,
@@ -62,10 +66,18 @@ def check_in_worker(
             "now": now,
             "fresh_since": check_in_fresh_since(now),
         },
+        (Account, None),
+        (Worker, None),
     )
-    # No row: another account created the name in the same instant.
+    if found is None:
+        raise errors.InvalidAPIKey()
+    account, worker = found
+    if account.is_anonymous:
+        raise errors.AnonForbiddenWorker()
+    # No worker: another account created the name in the same instant.
     if worker is None or worker.account_id != account.id:
         raise errors.WrongCredentials("This worker name is owned by another account.")
+    worker.account = account
     return worker
 
 
@@ -74,11 +86,16 @@ _DECLARED_NOW = (
     "%(served_models)s::varchar[], %(max_length)s::integer, %(max_context_length)s::integer, "
     "%(threads)s::smallint, %(nsfw)s::boolean, %(chat)s::boolean, %(bridge_agent)s::varchar"
 )
-# `current` is the row as it stands; `written` the upsert, tried unless the row is this
-# account's, its last pop fresh and its declarations unchanged. An upsert on another
-# account's name writes nothing (its WHERE), and the row returned is then that account's.
+# `caller` is the key's account (no row: an unknown key, so no row at all); `current` the
+# worker row as it stands; `written` the upsert, tried unless the caller is anonymous or the
+# row is the caller's, its last pop fresh and its declarations unchanged. An upsert on
+# another account's name writes nothing (its WHERE), and the row returned is then that
+# account's. Authenticating here saves the pop a round trip of its own.
 _CHECK_IN_SQL = f"""
-    WITH current AS (
+    WITH caller AS (
+        SELECT {columns(Account)} FROM {Account._meta.db_table} WHERE api_key_hash = %(api_key_hash)s
+    ),
+    current AS (
         SELECT {columns(Worker)} FROM {Worker._meta.db_table} WHERE name = %(name)s
     ),
     written AS (
@@ -86,11 +103,12 @@ _CHECK_IN_SQL = f"""
             id, name, account_id, {", ".join(_DECLARED)}, created_at, last_pop_at, speed, speed_samples,
             completed_jobs, aborted_jobs, aborts_window_start, uncompleted_jobs, maintenance,
             maintenance_reason)
-        SELECT gen_random_uuid(), %(name)s, %(account_id)s, {_DECLARED_NOW}, %(now)s, %(now)s,
+        SELECT gen_random_uuid(), %(name)s, caller.id, {_DECLARED_NOW}, %(now)s, %(now)s,
                NULL, '{{}}', 0, 0, NULL, 0, false, ''
-        WHERE NOT EXISTS (
+        FROM caller
+        WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}' AND NOT EXISTS (
             SELECT FROM current AS c
-            WHERE c.account_id = %(account_id)s
+            WHERE c.account_id = caller.id
               AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s
               AND ({", ".join(f"c.{field}" for field in _DECLARED)}) IS NOT DISTINCT FROM ({_DECLARED_NOW})
         )
@@ -99,10 +117,13 @@ _CHECK_IN_SQL = f"""
             last_pop_at = EXCLUDED.last_pop_at
         WHERE {Worker._meta.db_table}.account_id = EXCLUDED.account_id
         RETURNING {columns(Worker)}
+    ),
+    worker AS (
+        SELECT * FROM written
+        UNION ALL
+        SELECT * FROM current WHERE NOT EXISTS (SELECT FROM written)
     )
-    SELECT * FROM written
-    UNION ALL
-    SELECT * FROM current WHERE NOT EXISTS (SELECT FROM written)
+    SELECT {columns(Account, "caller")}, {columns(Worker, "worker")} FROM caller LEFT JOIN worker ON true
 """
 
 

@@ -68,6 +68,20 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
     assert full.get_deferred_fields() == set()
 
 
+def test_a_part_an_outer_join_did_not_find_is_none_and_the_others_still_load(requester):
+    sql = (
+        f"SELECT {columns(Account, 'a')}, {columns(Account, 'b', ('name',))} "
+        f"FROM {Account._meta.db_table} AS a LEFT JOIN {Account._meta.db_table} AS b ON b.id = %s "
+        "WHERE a.id = %s"
+    )
+    found, missing = fetch_instances(sql, [-1, requester.account.pk], (Account, None), (Account, ("name",)))
+    assert found.pk == requester.account.pk and missing is None
+    both = fetch_instances(
+        sql, [requester.account.pk, requester.account.pk], (Account, None), (Account, ("name",))
+    )
+    assert [account.pk for account in both] == [requester.account.pk] * 2
+
+
 def test_parts_that_do_not_cover_the_row_or_name_no_field_are_refused(requester):
     sql = f"SELECT {columns(Account)}, 1 FROM {Account._meta.db_table} WHERE id = %s"
     with pytest.raises(ValueError):

@@ -86,7 +86,7 @@ def test_two_posts_with_the_same_seq_at_once_relay_once_and_renew_once(make_call
 
         def post(generation=generation):
             return record_progress(
-                account=owner.account, generation_id=generation.pk, seq=1, delta="same words", tokens=2
+                api_key=owner.api_key, generation_id=generation.pk, seq=1, delta="same words", tokens=2
             ).lease
 
         outcomes = _run_together(post, post)
@@ -108,7 +108,7 @@ def test_a_renewal_racing_the_stale_pass_ends_renewed_and_alive_or_aborted_never
         now = timezone.now()
 
         def renew(job=job):
-            return record_progress(account=owner.account, generation_id=job["id"], seq=1, delta="x", tokens=1)
+            return record_progress(api_key=owner.api_key, generation_id=job["id"], seq=1, delta="x", tokens=1)
 
         def stale_pass(now=now):
             # The pass runs one second later: the database lease has lapsed by then.
@@ -201,12 +201,12 @@ def test_a_submit_racing_a_progress_post_keeps_the_submitted_text(make_caller, c
 
     def post():
         return record_progress(
-            account=owner.account, generation_id=job["id"], seq=1, delta="partial", tokens=1
+            api_key=owner.api_key, generation_id=job["id"], seq=1, delta="partial", tokens=1
         )
 
     def submit():
         return submit_generation(
-            account=owner.account, generation_id=job["id"], text="whole", state="ok", seed=0, gen_metadata=[]
+            api_key=owner.api_key, generation_id=job["id"], text="whole", state="ok", seed=0, gen_metadata=[]
         )
 
     _run_together(post, submit)

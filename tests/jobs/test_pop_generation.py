@@ -185,11 +185,11 @@ def test_the_pop_starts_a_lease_of_the_base_length(requester, owner, time_machin
 def test_the_pop_costs_a_pinned_number_of_queries(requester, owner, django_assert_num_queries):
     owner.pop("w")
     requester.request_text()
-    # auth, the worker's check-in (one upsert), and one statement that locks a request,
-    # takes its job and starts the lease.
-    with django_assert_num_queries(3):
+    # the key's account with the worker's check-in (one statement), and one statement that
+    # locks a request, takes its job and starts the lease.
+    with django_assert_num_queries(2):
         assert owner.pop("w").json()["id"] is not None
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(2):
         assert owner.pop("w").json()["id"] is None
 
 
@@ -208,7 +208,7 @@ def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_c
         try:
             start.wait()
             while True:
-                job = pop_generation(account=owner.account, name=f"w{n}", **POP)
+                job = pop_generation(api_key=owner.api_key, name=f"w{n}", **POP)
                 if job is None:
                     return
                 taken.append(str(job.request.id))
@@ -239,7 +239,7 @@ def test_two_first_pops_under_one_name_create_one_worker(make_caller):
     def pop() -> None:
         try:
             start.wait()
-            pop_generation(account=owner.account, name="same-name", **POP)
+            pop_generation(api_key=owner.api_key, name="same-name", **POP)
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -265,7 +265,7 @@ def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester
     owner.pop("w")
     requester.request_text()
     now = timezone.now()
-    job = pop_generation(account=owner.account, name="w", **POP)
+    job = pop_generation(api_key=owner.api_key, name="w", **POP)
     for answer in (_pop_answer(job, now), _pop_answer(None, now)):
         as_is = json.loads(JSONRenderer().render(answer))
         assert as_is == json.loads(JSONRenderer().render(serializers.PopOutput(answer).data))

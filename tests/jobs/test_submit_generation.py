@@ -27,7 +27,9 @@ def test_an_unknown_generation_is_InvalidJobID(owner):
 
 def test_a_posted_generation_loads_with_its_workers_account_and_its_requests_kind(requester, owner):
     request_id, generation_id = _queue_and_pop(requester, owner)
-    loaded = Generation.objects.for_worker_post(generation_id)
+    post = Generation.objects.for_worker_post(generation_id, api_key=owner.api_key)
+    assert post.caller.pk == owner.account.pk
+    loaded = post.generation
     expected = Generation.objects.select_related("worker", "request").get(pk=generation_id)
     assert [getattr(loaded, f.attname) for f in Generation._meta.concrete_fields] == [
         getattr(expected, f.attname) for f in Generation._meta.concrete_fields
@@ -39,7 +41,22 @@ def test_a_posted_generation_loads_with_its_workers_account_and_its_requests_kin
         expected.request.max_length,
         None,
     )
-    assert Generation.objects.for_worker_post(uuid.uuid4()) is None
+    unknown = Generation.objects.for_worker_post(uuid.uuid4(), api_key=requester.api_key)
+    assert unknown.caller.pk == requester.account.pk and unknown.generation is None
+    assert Generation.objects.for_worker_post(generation_id, api_key="no such key") is None
+
+
+def test_a_bad_key_is_refused_before_an_unknown_or_foreign_generation(requester, owner):
+    _, generation_id = _queue_and_pop(requester, owner)
+    for job_id in (uuid.uuid4(), generation_id):
+        refused = requester.client.post(
+            "/api/v2/generate/text/submit",
+            {"id": str(job_id), "generation": "x"},
+            format="json",
+            HTTP_APIKEY="no such key",
+        )
+        assert (refused.status_code, refused.json()["rc"]) == (401, "InvalidAPIKey")
+    assert Generation.objects.get(pk=generation_id).state == Generation.State.PROCESSING
 
 
 def test_a_worker_cannot_submit_another_workers_generation(requester, owner, make_caller):
@@ -77,9 +94,9 @@ def test_a_given_back_job_cannot_then_be_submitted(requester, owner):
 
 def test_the_submit_costs_a_pinned_number_of_queries(requester, owner, django_assert_num_queries):
     _, generation_id = _queue_and_pop(requester, owner)
-    # auth, the generation with its worker and request, and one statement for the
-    # compare-and-set, the request's count and the worker's speed.
-    with django_assert_num_queries(3):
+    # the key's account with the generation, its worker and request, and one statement for
+    # the compare-and-set, the request's count and the worker's speed.
+    with django_assert_num_queries(2):
         assert owner.submit(generation_id, "done").status_code == 200
 
 
@@ -93,7 +110,7 @@ def _race_submit_against_the_pass(owner, generation_id) -> object:
             start.wait()
             submitted.append(
                 submit_generation(
-                    account=owner.account,
+                    api_key=owner.api_key,
                     generation_id=generation_id,
                     text="in time?",
                     state="ok",

@@ -232,8 +232,8 @@ def test_a_chat_worker_that_never_posts_keeps_the_flat_lease(chat_job, trusted_o
 def test_progress_costs_a_pinned_number_of_queries(chat_job, trusted_owner, clock, django_assert_num_queries):
     job = chat_job(trusted_owner)
     clock.shift(10)
-    # auth, the generation with its worker and request, the renewed job_ttl
-    with django_assert_num_queries(3):
-        assert progress(trusted_owner, job["id"], 1).json()["lease"] == "granted"
+    # the key's account with the generation, its worker and request; the renewed job_ttl
     with django_assert_num_queries(2):
+        assert progress(trusted_owner, job["id"], 1).json()["lease"] == "granted"
+    with django_assert_num_queries(1):
         assert progress(trusted_owner, job["id"], 1).json()["lease"] == "not_renewed"
