@@ -31,6 +31,7 @@ from bench.route_throughput import (  # noqa: E402
     _free_port,
     _prepare_database,
     _start_server,
+    python_loop_seconds,
 )
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -140,7 +141,11 @@ def main() -> None:
         json.dumps(
             {
                 "bench": "route_cpu",
-                "machine": {"cores": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)},
+                "machine": {
+                    "cores": os.cpu_count(),
+                    "load_average_1m": round(os.getloadavg()[0], 2),
+                    "python_loop_seconds": python_loop_seconds(),
+                },
                 "server": "gunicorn -k uvicorn.workers.UvicornWorker -w 1, one request at a time",
                 "queued_requests": args.queued,
                 **figures,

@@ -21,7 +21,8 @@ each started together across the processes:
 
 For each phase: calls, requests per second over the phase's wall time, p50/p99/max latency
 in ms, and any non-200 answers. The target (issue 7): at least 300 requests per second per
-route with 100,000 queued. The machine's cores and its load average are printed with them.
+route with 100,000 queued. The machine's cores and its load average are printed with them, and
+`python_loop_seconds` (`python_loop_seconds()`): this VM's speed moves from day to day.
 """
 
 import argparse
@@ -295,6 +296,21 @@ def _run(queued: int, args) -> dict:
     }
 
 
+def python_loop_seconds() -> float:
+    """Seconds for ten million additions in a Python loop, best of three: the VM's speed.
+
+    The same 2-core VM has run the same code at half the speed on another day; figures
+    from different days compare only beside this one.
+    """
+    best = float("inf")
+    for _ in range(3):
+        started, total = time.process_time(), 0
+        for i in range(10_000_000):
+            total += i
+        best = min(best, time.process_time() - started)
+    return round(best, 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queued", default="100,10000,100000")
@@ -312,6 +328,7 @@ def main() -> None:
     import django
 
     django.setup()
+    loop_seconds = python_loop_seconds()
     runs = []
     for queued in (int(q) for q in args.queued.split(",")):
         print(f"route_throughput: {queued} queued", file=sys.stderr)
@@ -323,6 +340,7 @@ def main() -> None:
                 "machine": {
                     "cores": os.cpu_count(),
                     "python": platform.python_version(),
+                    "python_loop_seconds": loop_seconds,
                     "also_running": "PostgreSQL and Redis (same machine), the load processes",
                 },
                 "server": f"gunicorn -k uvicorn.workers.UvicornWorker -w {args.web_workers}",
