@@ -1,0 +1,178 @@
+"""CPU per request of pop, progress and submit inside the web process: no HTTP server, no load.
+
+Run:  .venv/bin/python bench/route_inproc.py [--calls 2000] [--queued 5000] [--profile 40]
+
+(under a minute; the JSON goes to stdout, a profile, if asked for, to stderr.)
+
+`bench/route_cpu.py` reads a gunicorn worker's CPU from /proc, in clock ticks, with the HTTP
+server's share in it. This calls `hordeops.asgi.application` directly, as uvicorn would, and
+runs the sync view inline on the calling thread (the ASGI handler's thread pool swapped for an
+inline executor), so `time.process_time()` around the calls is the application's own CPU per
+request, steady to a few percent: the figure to compare a change to the hot routes by, run
+beside the old commit at the same moment. `--profile N` also prints the N costliest functions
+(cProfile, own time, measured in thread CPU time; the profiler itself inflates call-heavy code).
+
+It uses the database of bench/route_throughput.py (hordeops_bench_routes) and Redis database
+10, queues --queued requests with `bench/fill.py`, pops 30 jobs to warm up, then measures
+--calls pops, --calls progress posts on the chat jobs popped and --calls submits.
+"""
+
+import argparse
+import asyncio
+import concurrent.futures
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.route_throughput import (  # noqa: E402
+    MODELS,
+    _env,
+    _fill_queue,
+    _prepare_database,
+    python_loop_seconds,
+)
+
+
+class InlineExecutor(concurrent.futures.Executor):
+    """Runs what is submitted at once, on the caller's thread, so one thread's CPU is all."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+        return future
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--queued", type=int, default=5000)
+    parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
+    args = parser.parse_args()
+    _prepare_database()
+    os.environ.update(_env())
+    # The view runs on the event loop's thread here, which Django refuses by default.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    import django
+
+    django.setup()
+    api_key = _fill_queue(max(args.queued, 2 * args.calls + 100))
+    from django.db import connection
+
+    connection.close()
+    from hordeops.asgi import application, django_application
+
+    django_application.application._sync_threads = InlineExecutor()
+    figures = asyncio.run(_measure(application, api_key, args.calls, args.profile))
+    print(
+        json.dumps(
+            {
+                "bench": "route_inproc",
+                "machine": {
+                    "cores": os.cpu_count(),
+                    "load_average_1m": round(os.getloadavg()[0], 2),
+                    "python_loop_seconds": python_loop_seconds(),
+                },
+                "calls": args.calls,
+                "cpu_ms_per_request": figures,
+            },
+            indent=2,
+        )
+    )
+
+
+async def _measure(application, api_key: str, calls: int, profile: int) -> dict[str, float]:
+    async def post(path: str, body: dict) -> dict:
+        raw = json.dumps(body).encode()
+        scope = {
+            "type": "http",
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [
+                (b"host", b"127.0.0.1"),
+                (b"apikey", api_key.encode()),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(raw)).encode()),
+            ],
+            "client": ("127.0.0.1", 40000),
+            "server": ("127.0.0.1", 8000),
+        }
+        messages = [{"type": "http.request", "body": raw, "more_body": False}]
+        status, chunks = [], []
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await asyncio.Event().wait()  # no disconnect: the answer is whole first
+
+        async def send(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            else:
+                chunks.append(message.get("body", b""))
+
+        await application(scope, receive, send)
+        content = b"".join(chunks)
+        assert status == [200], (path, status, content[:200])
+        return json.loads(content)
+
+    pop_body = {"name": "inproc-w", "models": MODELS, "chat": True, "max_length": 4096}
+    pop_body["max_context_length"] = 8192
+    # Only ids are kept: thousands of whole answers kept alive would make the garbage
+    # collector's passes, and so the figures, grow with the run.
+    jobs: list[str] = []
+    chats: list[str] = []
+    seqs: dict[str, int] = {}
+
+    async def pop(_: int) -> None:
+        job = await post("/api/v2/generate/text/pop", pop_body)
+        jobs.append(job["id"])
+        if job["kind"] == "chat":
+            chats.append(job["id"])
+
+    for i in range(30):  # warm-up
+        await pop(i)
+
+    async def progress(i: int) -> None:
+        job_id = chats[i % len(chats)]
+        seqs[job_id] = seqs.get(job_id, 0) + 1
+        body = {"id": job_id, "seq": seqs[job_id], "delta": "more words ", "tokens": seqs[job_id]}
+        await post("/api/v2/generate/text/progress", body)
+
+    async def submit(i: int) -> None:
+        await post("/api/v2/generate/text/submit", {"id": jobs[30 + i], "generation": "The end."})
+
+    figures = {}
+    for name, call in (("pop", pop), ("progress", progress), ("submit", submit)):
+        profiler = cProfile.Profile(time.thread_time) if profile else None
+        started = time.process_time()
+        if profiler:
+            profiler.enable()
+        for i in range(calls):
+            await call(i)
+        if profiler:
+            profiler.disable()
+        figures[name] = round((time.process_time() - started) / calls * 1000, 3)
+        if profiler:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(profile)
+            print(f"--- {name} (profiled: {figures[name]} ms per call)\n{out.getvalue()}", file=sys.stderr)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
