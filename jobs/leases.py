@@ -120,7 +120,7 @@ def renew(
     generation_id: UUID,
     request_id: UUID,
     popped_at: datetime,
-    job_ttl: int,
+    job_ttl: float,
     cap_seconds: int,
     trusted: bool,
     seq: int,

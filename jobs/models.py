@@ -157,8 +157,10 @@ class Generation(models.Model):
     model = models.CharField(max_length=255, blank=True, default="")
     state = models.CharField(max_length=10, choices=State.choices, default=State.PROCESSING)
     popped_at = models.DateTimeField(default=timezone.now)
-    # Seconds from the pop to the end of the lease: the record the stale pass reads.
-    job_ttl = models.PositiveIntegerField()
+    # Seconds from the pop to the end of the lease: the record the stale pass reads. Not
+    # whole seconds: a renewal ends the lease 150 s after its post, to the millisecond, and
+    # rounding up to a second held a dropped job up to a second past its lease and pass.
+    job_ttl = models.FloatField()
     cap_seconds = models.PositiveIntegerField()
     trusted_at_pop = models.BooleanField(default=False)
     renewals = models.PositiveIntegerField(default=0)
@@ -215,9 +217,10 @@ class Generation(models.Model):
         """The lease this job had, in seconds, for the AbortedGen message."""
         from django.conf import settings
 
+        renewed_end = f"{self.job_ttl:.3f}".rstrip("0").rstrip(".")  # 250, or 8.291 to the ms
         return (
             f"its lease was {settings.TEXT_JOB_LEASE_SECONDS} s from the pop, "
-            f"renewed to end {self.job_ttl} s after the pop, "
+            f"renewed to end {renewed_end} s after the pop, "
             f"under a cap of {self.cap_seconds} s"
         )
 

@@ -513,9 +513,10 @@ def record_progress(
             last_seq=renewal.last_seq,
         )
     if outcome == "granted":
-        # Whole seconds, never short of the Redis lease end nor past the cap.
-        seconds = round(renewal.lease_end - generation.popped_at.timestamp(), 3)
-        job_ttl = min(generation.cap_seconds, math.ceil(seconds))
+        # The Redis lease end to the millisecond, rounded up (never short of it; the rounding
+        # to microseconds first drops float noise) and never past the cap.
+        seconds = round(renewal.lease_end - generation.popped_at.timestamp(), 6)
+        job_ttl = min(generation.cap_seconds, math.ceil(seconds * 1000) / 1000)
         with connection.cursor() as cursor:
             cursor.execute(_RENEW_SQL, [job_ttl, generation.pk])
             written = cursor.rowcount

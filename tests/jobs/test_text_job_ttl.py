@@ -175,6 +175,22 @@ def test_the_stale_pass_reads_the_renewed_job_ttl(chat_job, trusted_owner, clock
     assert metrics.value(metrics.STALE_ABORTS, "trusted") == before
 
 
+def test_a_renewal_between_whole_seconds_ends_the_lease_to_the_millisecond(chat_job, trusted_owner, clock):
+    # Seed 000: aborted within lease + one pass of the last output. A job_ttl rounded up to
+    # whole seconds held this job until 151 s.
+    job = chat_job(trusted_owner)
+    clock.shift(0.29)
+    assert progress(trusted_owner, job["id"], 1).json()["lease"] == "granted"
+    generation = Generation.objects.get(pk=job["id"])
+    assert generation.job_ttl == 150.29
+    assert float(leases.state(job["id"])["lease_end"]) == pytest.approx(POP + 150.29)
+    assert "renewed to end 150.29 s after the pop" in generation.lease_description()
+    clock.shift(149.99)  # 150.28 s
+    assert abort_stale_generations().aborted == 0
+    clock.shift(0.02)  # 150.30 s
+    assert abort_stale_generations().aborted == 1
+
+
 def test_the_stale_abort_counter_counts_after_commit(
     chat_job, owner, clock, django_capture_on_commit_callbacks
 ):
