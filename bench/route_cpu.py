@@ -25,12 +25,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.route_throughput import (  # noqa: E402
-    MODELS,
     _env,
     _fill_queue,
     _free_port,
     _prepare_database,
     _start_server,
+    pop_body,
     python_loop_seconds,
 )
 
@@ -80,9 +80,7 @@ def main() -> None:
         http_ = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         worker_pid = int(Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()[0])
         headers = {"apikey": api_key, "Content-Type": "application/json"}
-        pop_body = json.dumps(
-            {"name": "cpu-w", "models": MODELS, "chat": True, "max_length": 4096, "max_context_length": 8192}
-        )
+        pop_json = json.dumps(pop_body("cpu-w"))
 
         def post(path: str, body: str) -> dict:
             http_.request("POST", path, body, headers)
@@ -93,7 +91,7 @@ def main() -> None:
 
         jobs: list[tuple[str, str]] = []
         for _ in range(20):  # warm-up: check-in, prepared statements, caches
-            job = post("/api/v2/generate/text/pop", pop_body)
+            job = post("/api/v2/generate/text/pop", pop_json)
             jobs.append((job["id"], job["kind"]))
 
         def measure(calls: int, send) -> dict:
@@ -110,7 +108,7 @@ def main() -> None:
             }
 
         def pop(_: int) -> None:
-            job = post("/api/v2/generate/text/pop", pop_body)
+            job = post("/api/v2/generate/text/pop", pop_json)
             jobs.append((job["id"], job["kind"]))
 
         figures = {"pop": measure(args.calls, pop)}

@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.route_throughput import (  # noqa: E402
-    MODELS,
     _env,
     _fill_queue,
     _prepare_database,
+    pop_body,
     python_loop_seconds,
 )
 
@@ -130,8 +130,7 @@ async def _measure(application, api_key: str, calls: int, profile: int) -> dict[
         assert status == [200], (path, status, content[:200])
         return json.loads(content)
 
-    pop_body = {"name": "inproc-w", "models": MODELS, "chat": True, "max_length": 4096}
-    pop_body["max_context_length"] = 8192
+    body = pop_body("inproc-w")
     # Only ids are kept: thousands of whole answers kept alive would make the garbage
     # collector's passes, and so the figures, grow with the run.
     jobs: list[str] = []
@@ -139,7 +138,7 @@ async def _measure(application, api_key: str, calls: int, profile: int) -> dict[
     seqs: dict[str, int] = {}
 
     async def pop(_: int) -> None:
-        job = await post("/api/v2/generate/text/pop", pop_body)
+        job = await post("/api/v2/generate/text/pop", body)
         jobs.append(job["id"])
         if job["kind"] == "chat":
             chats.append(job["id"])

@@ -104,20 +104,19 @@ class Connection:
         raise AssertionError("unreachable")
 
 
+def pop_body(name: str) -> dict:
+    """The pop of a bench worker named `name`: a chat worker serving every bench model."""
+    return {"name": name, "models": MODELS, "chat": True, "max_length": 4096, "max_context_length": 8192}
+
+
 def _thread(
     port: int, api_key: str, name: str, calls: int, reconnect: int, phases: dict, barrier, out: dict
 ) -> None:
     connection = Connection(port, api_key, reconnect)
-    pop_body = {
-        "name": name,
-        "models": MODELS,
-        "chat": True,
-        "max_length": 4096,
-        "max_context_length": 8192,
-    }
+    body = pop_body(name)
     jobs: list[tuple[str, str]] = []
     # The first pop checks the worker in (and warms the connection); a job it takes is kept.
-    status, content, _ = connection.post("/api/v2/generate/text/pop", pop_body)
+    status, content, _ = connection.post("/api/v2/generate/text/pop", body)
     if status == 200 and json.loads(content)["id"]:
         jobs.append((json.loads(content)["id"], json.loads(content).get("kind", "text")))
     result = {phase: {"latencies": [], "errors": [], "start": 0.0, "end": 0.0} for phase in phases}
@@ -141,7 +140,7 @@ def _thread(
                     jobs.append((answer["id"], answer.get("kind", "text")))
         record["end"] = time.time()
 
-    timed("pop", "/api/v2/generate/text/pop", (pop_body for _ in range(calls)))
+    timed("pop", "/api/v2/generate/text/pop", (body for _ in range(calls)))
     chats = [job_id for job_id, kind in jobs if kind == "chat"]
 
     def progress_bodies():
