@@ -32,7 +32,13 @@ class HordeASGIHandler(ASGIHandler):
     the view and the response's close (request_finished) in one hop to a long-lived pool of
     WEB_SYNC_THREADS threads, so that the database connection is checked and given back on
     the thread that used it. The event loop only reads the body and writes the answer.
-    Async views (the chat relays) keep Django's async path untouched.
+
+    Async views (the chat relays) take Django's async path, but outside the per-request
+    `ThreadSensitiveContext` that Django's `__call__` opens: that context gives each request
+    a thread of its own, kept until its response ends, so every open stream would hold one.
+    Without it, the few thread-sensitive hops Django makes (the sync middleware, the request
+    signals) share asgiref's one process-wide thread, and the views' database steps run on
+    `hordeops.asyncdb`'s threads.
     """
 
     def __init__(self) -> None:
@@ -44,10 +50,12 @@ class HordeASGIHandler(ASGIHandler):
         )
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and not _is_async_view(settings.ROOT_URLCONF, _path_info(scope)):
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)  # refuses it
+        elif _is_async_view(settings.ROOT_URLCONF, _path_info(scope)):
+            await self.handle(scope, receive, send)
+        else:
             await self._handle_sync(scope, receive, send)
-            return
-        await super().__call__(scope, receive, send)
 
     async def _handle_sync(self, scope, receive, send) -> None:
         try:

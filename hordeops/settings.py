@@ -139,6 +139,9 @@ SECRET_KEY = env_str("SECRET_KEY", "hordeops-development-key-change-me-in-produc
 DEBUG = env_bool("DEBUG", False)
 # Threads per web process that run sync views (the horde routes, the admin): hordeops/asgi.py.
 WEB_SYNC_THREADS = env_int("WEB_SYNC_THREADS", 2)
+# Threads per web process that run the chat routes' database steps (hordeops/asyncdb.py): an
+# open stream holds none of them, nor a connection, between steps.
+WEB_ASYNC_DB_THREADS = env_int("WEB_ASYNC_DB_THREADS", 2)
 ALLOWED_HOSTS = env_str("ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [

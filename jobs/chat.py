@@ -1,25 +1,27 @@
 """The relay core of the chat routes: one async flow for every client protocol.
 
 A chat request becomes a chat job; the view then waits on the request's Redis relay stream
-(never polling the database) for the worker's output. Streamed, the response is committed to
+(never polling the database) for the worker's output. It waits on the event loop: its
+database steps run through `hordeops.asyncdb`, so that an open request holds no thread and
+no database connection between them. Streamed, the response is committed to
 the first generation that delivers output: from then on an abort ends the stream with the
 protocol's error event instead of a restart. A client that goes away cancels its request.
 """
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 from uuid import UUID
 
 import redis.exceptions
-from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from hordeops import clock, errors
+from hordeops import asyncdb, clock, errors
 from hordeops.parsers import loads_strict
 from jobs import deadlines, relay, services
 from jobs.deadlines import Budget
@@ -29,6 +31,7 @@ from workers.models import Account
 from workers.services import authenticate
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,8 @@ class RequestRelay:
             ):
                 raise errors.UpstreamStreamInvalid()
             return None
-        committed = await sync_to_async(services.commit_stream)(
-            request_id=self.request_id, generation_id=UUID(event.generation)
+        committed = await asyncdb.run(
+            services.commit_stream, request_id=self.request_id, generation_id=UUID(event.generation)
         )
         if not committed:
             self._held.pop(event.generation, None)
@@ -127,8 +130,6 @@ def _abandon(request_id: UUID, reason: str = "cancelled") -> None:
         services.cancel_request(request_id=request_id, reason=reason)
     except Exception:
         logger.exception("could not cancel an abandoned chat request")
-    finally:
-        connection.close()  # this ran on a pool thread of its own
 
 
 def _api_key(request: HttpRequest) -> str | None:
@@ -138,13 +139,21 @@ def _api_key(request: HttpRequest) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def _start(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall, TextRequest, Budget | None]:
-    """Authenticate, parse and queue: the synchronous first phase of a chat request."""
+def _start(
+    request: HttpRequest, protocol: ChatProtocol, header: Budget | errors.DomainError | None
+) -> tuple[ChatCall, TextRequest, Budget | None]:
+    """Authenticate, parse and queue: the synchronous first phase of a chat request.
+
+    `header` is the deadline header's budget, or the error that refuses the header: the key
+    is checked first, so that a bad key is a 401 whatever the header says.
+    """
     api_key = _api_key(request)
     if not api_key:
         raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
     account: Account = authenticate(api_key=api_key)
-    budget = deadlines.budget_for(request, account_limit_ms=account.deadline_limit_ms)
+    if isinstance(header, errors.DomainError):
+        raise header
+    budget = header.within(account.deadline_limit_ms) if header else None
     call = protocol.parse(loads_strict(request.body))
     deadline_at = None
     if budget:
@@ -161,25 +170,49 @@ def _start(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall, Text
     return call, text_request, budget
 
 
-async def _next(follower: RequestRelay, budget: Budget | None) -> Output:
-    """The next output, or GenerationDeadlineExceeded when the budget runs out first."""
+async def _within(budget: Budget | None, step: Awaitable[T]) -> T:
+    """Await `step`, or raise GenerationDeadlineExceeded when the budget runs out first."""
     if budget is None:
-        return await follower.next_output()
+        return await step
     try:
-        return await asyncio.wait_for(follower.next_output(), timeout=budget.remaining_seconds())
+        return await asyncio.wait_for(step, timeout=budget.remaining_seconds())
     except TimeoutError:
         raise errors.GenerationDeadlineExceeded() from None
 
 
+async def _queue(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall, TextRequest, Budget | None]:
+    """`_start` on a database thread, the wait for one included in the deadline.
+
+    A request that was being queued when the deadline or the client ran out is cancelled.
+    """
+    try:
+        header = deadlines.budget_for(request)
+    except errors.DomainError as err:
+        header = err
+
+    def undo(started: tuple[ChatCall, TextRequest, Budget | None]) -> None:
+        _, text_request, budget = started
+        expired = budget is not None and budget.expired
+        _abandon(text_request.id, errors.GenerationDeadlineExceeded.code if expired else "cancelled")
+
+    budget = header if isinstance(header, Budget) else None
+    return await _within(budget, asyncdb.run(_start, request, protocol, header, undo=undo))
+
+
+async def _next(follower: RequestRelay, budget: Budget | None) -> Output:
+    """The next output, or GenerationDeadlineExceeded when the budget runs out first."""
+    return await _within(budget, follower.next_output())
+
+
 async def _end(text_request: TextRequest, reason: str) -> None:
-    await asyncio.shield(sync_to_async(_abandon, thread_sensitive=False)(text_request.id, reason))
+    await asyncio.shield(asyncdb.run(_abandon, text_request.id, reason))
 
 
 async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
     if request.method != "POST":
         return protocol.error_response(errors.MethodNotAllowed())
     try:
-        call, text_request, budget = await sync_to_async(_start)(request, protocol)
+        call, text_request, budget = await _queue(request, protocol)
     except errors.DomainError as err:
         return protocol.error_response(err)
     except (DatabaseError, redis.exceptions.RedisError):

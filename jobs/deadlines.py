@@ -9,7 +9,7 @@ import hashlib
 import hmac
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.http import HttpRequest
@@ -49,6 +49,10 @@ class Budget:
     def check(self) -> None:
         if self.expired:
             raise errors.GenerationDeadlineExceeded()
+
+    def within(self, limit_ms: int | None) -> "Budget":
+        """The same budget, cut to `limit_ms` (an account's limit, say) when that is shorter."""
+        return replace(self, total_ms=min(self.total_ms, limit_ms)) if limit_ms else self
 
 
 def arrived(request: HttpRequest) -> float:

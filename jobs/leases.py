@@ -2,9 +2,9 @@
 
 The lease hash holds the pop time, the lease end, the cap, the last progress `seq` and the
 length of the output relayed so far. One script checks the post's `seq`, relays its delta to
-the requester's relay stream and moves the lease end, all atomically: two posts at once can
-neither both renew nor interleave their deltas. The stale pass marks the leases it aborts
-`dead`, so that no later post can renew or relay for them.
+the requester's relay stream (with `jobs.relay.APPEND_LUA`) and moves the lease end, all
+atomically: two posts at once can neither both renew nor interleave their deltas. The stale
+pass marks the leases it aborts `dead`, so that no later post can renew or relay for them.
 """
 
 from dataclasses import dataclass
@@ -15,13 +15,16 @@ from django.conf import settings
 from django_redis import get_redis_connection
 
 from hordeops import metrics
+from jobs.relay import APPEND_LUA, KEY_GRACE_SECONDS, relay_key
 
 # KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
 #       key ttl, tokens, minute hash ttl.
 # Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
 # lapsed, retry, gap, dead.
-RENEW_SCRIPT = """
+RENEW_SCRIPT = (
+    APPEND_LUA
+    + """
 local lease, relay, counters, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
 local seq = tonumber(ARGV[2])
@@ -59,8 +62,8 @@ if delta == '' then
   return {'not_renewed', state[3], seq}
 end
 redis.call('HINCRBY', lease, 'output_len', string.len(delta))
-redis.call('XADD', relay, '*', 'type', 'delta', 'generation', ARGV[9], 'seq', seq, 'text', delta)
-redis.call('EXPIRE', relay, tonumber(ARGV[10]))
+relay_append(relay, tonumber(ARGV[10]),
+             {'type', 'delta', 'generation', ARGV[9], 'seq', ARGV[2], 'text', delta})
 if now > lease_end then
   return {'lapsed', state[3], seq}
 end
@@ -77,17 +80,11 @@ redis.call('HSET', lease, 'lease_end', wanted)
 count('granted')
 return {'granted', wanted, seq}
 """
-
-# Hours a lease or relay key outlives its cap, so that late posts still find it dead.
-KEY_GRACE_SECONDS = 3600
+)
 
 
 def lease_key(generation_id: UUID) -> str:
     return f"hordeops:lease:{generation_id}"
-
-
-def relay_key(request_id: UUID) -> str:
-    return f"hordeops:relay:{request_id}"
 
 
 def _redis():

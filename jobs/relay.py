@@ -1,26 +1,66 @@
-"""The relay from workers to requesters: one Redis stream per request.
+"""The relay from workers to requesters: one Redis stream per request, announced on pub/sub.
 
-Progress deltas are appended by the lease script (`jobs.leases`); the submit, the stale pass
-and cancellations append the events that end a generation or a request. Any web process can
-serve a requester's stream, whichever process the worker posted to: nothing is held in one
-process's memory.
+Every event is appended to the request's stream, the log a follower reads from its start,
+and published with its stream id on a channel of the same name, by one Lua function
+(`APPEND_LUA`) that the lease script (progress deltas) and `publish_many` (done, restarted,
+failed) share. Any web process can serve a requester's stream, whichever process the worker
+posted to: nothing is held in one process's memory but who is following what.
+
+A web process follows all its open requests through one pub/sub connection (`_Hub`), not a
+connection per stream: a follower subscribes, waits until Redis confirms the subscription,
+reads the backlog from the stream, then takes the live events, skipping any it has read.
 """
 
+import asyncio
+import json
+import weakref
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from uuid import UUID
 
 import redis.asyncio
+import redis.exceptions
 from django.conf import settings
 from django_redis import get_redis_connection
-
-from jobs.leases import KEY_GRACE_SECONDS, relay_key
 
 # Event types besides "delta" (written by the lease script).
 DONE = "done"  # the generation was submitted: text is the whole reply
 RESTARTED = "restarted"  # the generation was aborted or given back and its job requeued
 FAILED = "failed"  # the request ended without a reply: code says why
-BLOCK_MS = 5000
+
+# Hours a lease or relay key outlives its cap, so that late posts still find it dead.
+KEY_GRACE_SECONDS = 3600
+# Connections one web process uses to read followers' backlogs (besides its pub/sub one).
+BACKLOG_CONNECTIONS = 4
+# Their names in Redis's CLIENT LIST.
+HUB_CLIENT_NAME = "hordeops-relay-hub"
+BACKLOG_CLIENT_NAME = "hordeops-relay-backlog"
+
+# relay_append(key, ttl, fields): XADD the flat field list, renew the key's ttl, publish
+# [id, fields] as JSON on the channel named like the key; returns the id.
+APPEND_LUA = """
+local function relay_append(key, ttl, fields)
+  local id = redis.call('XADD', key, '*', unpack(fields))
+  redis.call('EXPIRE', key, ttl)
+  redis.call('PUBLISH', key, cjson.encode({id, fields}))
+  return id
+end
+"""
+
+# KEYS: relay stream. ARGV: key ttl, then field, value, ... (all strings).
+PUBLISH_SCRIPT = (
+    APPEND_LUA
+    + """
+local fields = {}
+for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+return relay_append(KEYS[1], tonumber(ARGV[1]), fields)
+"""
+)
+
+
+def relay_key(request_id: UUID | str) -> str:
+    return f"hordeops:relay:{request_id}"
 
 
 @dataclass(frozen=True)
@@ -34,6 +74,26 @@ class Event:
     def text(self) -> str:
         return self.fields.get("text", "")
 
+    @classmethod
+    def from_entry(cls, entry_id: str, fields: dict[str, str]) -> "Event":
+        rest = dict(fields)
+        return cls(id=entry_id, type=rest.pop("type"), generation=rest.pop("generation", ""), fields=rest)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    milliseconds, _, sequence = entry_id.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
+_script = None
+
+
+def _publish_script():
+    global _script
+    if _script is None:
+        _script = get_redis_connection("default").register_script(PUBLISH_SCRIPT)
+    return _script
+
 
 def publish(request_id: UUID, type_: str, generation_id: UUID | str = "", **fields: str | int) -> None:
     """Append one event to the request's relay stream."""
@@ -44,36 +104,214 @@ def publish_many(events: list[tuple[UUID, str, str, dict[str, str]]]) -> None:
     """Append several events in one round trip: (request id, type, generation id, fields)."""
     if not events:
         return
-    client = get_redis_connection("default")
-    pipe = client.pipeline(transaction=False)
+    script = _publish_script()
+    pipe = get_redis_connection("default").pipeline(transaction=False)
+    ttl = settings.TEXT_REQUEST_LIFETIME_SECONDS + KEY_GRACE_SECONDS
     for request_id, type_, generation_id, fields in events:
-        key = relay_key(request_id)
-        pipe.xadd(key, {"type": type_, "generation": generation_id, **fields})
-        pipe.expire(key, settings.TEXT_REQUEST_LIFETIME_SECONDS + KEY_GRACE_SECONDS)
+        flat = ["type", type_, "generation", generation_id]
+        for name, value in fields.items():
+            flat += [name, value]
+        script(keys=[relay_key(request_id)], args=[ttl, *flat], client=pipe)
     pipe.execute()
 
 
+class _Follower:
+    """One requester's place in the hub: the live events of its channel, in order."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+
+
+class _Hub:
+    """The relay events of every request this event loop follows, over one pub/sub connection.
+
+    It connects when the first follower comes and closes when the last one leaves. Redis
+    confirms each SUBSCRIBE in the order it was sent, so a queue of waiting confirmations per
+    channel tells each follower when its subscription holds. A lost connection fails every
+    follower (its stream ends as a Redis outage does); the next follower starts a new hub.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._client = redis.asyncio.Redis.from_url(settings.REDIS_URL, client_name=HUB_CLIENT_NAME)
+        self._pubsub = self._client.pubsub()
+        self._backlog = redis.asyncio.Redis.from_pool(  # from_pool: aclose() closes the pool too
+            redis.asyncio.BlockingConnectionPool.from_url(
+                settings.REDIS_URL, max_connections=BACKLOG_CONNECTIONS, client_name=BACKLOG_CLIENT_NAME
+            )
+        )
+        self._followers: dict[str, set[_Follower]] = {}
+        # Channels with a SUBSCRIBE sent and no UNSUBSCRIBE since, each with the future that
+        # Redis's confirmation of that SUBSCRIBE resolves.
+        self._subscriptions: dict[str, asyncio.Future[None]] = {}
+        # Every SUBSCRIBE not yet confirmed, oldest first, per channel.
+        self._confirmations: dict[str, deque[asyncio.Future[None]]] = {}
+        self._commands = asyncio.Lock()  # SUBSCRIBE and UNSUBSCRIBE go out in the order decided
+        self._listener: asyncio.Task | None = None
+        self._chores: set[asyncio.Task] = set()
+        self.closed = False
+
+    async def follow(self, channel: str) -> _Follower:
+        """Join `channel`; returns once Redis confirmed the subscription, so nothing is missed."""
+        follower = _Follower(channel)
+        self._followers.setdefault(channel, set()).add(follower)
+        try:
+            confirmed = self._subscriptions.get(channel)
+            if confirmed is None:
+                confirmed = self._subscriptions[channel] = self._loop.create_future()
+                # Consumed here, so that a failure nobody waits for any more is not reported.
+                confirmed.add_done_callback(lambda done: done.cancelled() or done.exception())
+                # The hub's own task sends it: a follower cancelled halfway through a command
+                # would break the connection that every follower shares.
+                self._chore(self._subscribe(channel, confirmed))
+            await asyncio.shield(confirmed)
+            return follower
+        except BaseException:
+            self.leave(follower)
+            raise
+
+    def leave(self, follower: _Follower) -> None:
+        """Stop delivering to `follower`; synchronous, so that a cancelled task can call it."""
+        followers = self._followers.get(follower.channel)
+        if followers is None:
+            return
+        followers.discard(follower)
+        if not followers:
+            del self._followers[follower.channel]
+            self._chore(self._unsubscribe(follower.channel))
+
+    async def read(self, key: str, after: str) -> list[Event]:
+        """The stream's entries after `after` ("0-0": all of them)."""
+        entries = await self._backlog.xrange(key, min=f"({after}" if after != "0-0" else "-")
+        return [
+            Event.from_entry(entry_id.decode(), {k.decode(): v.decode() for k, v in raw.items()})
+            for entry_id, raw in entries
+        ]
+
+    def _chore(self, coroutine) -> None:
+        task = self._loop.create_task(coroutine)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    async def _subscribe(self, channel: str, confirmed: asyncio.Future[None]) -> None:
+        async with self._commands:
+            if self.closed:
+                if not confirmed.done():
+                    confirmed.set_exception(redis.exceptions.ConnectionError("the relay hub closed"))
+                return
+            self._confirmations.setdefault(channel, deque()).append(confirmed)
+            try:
+                await self._pubsub.subscribe(channel)
+            except redis.exceptions.RedisError as err:
+                self._fail(err)
+                return
+            if self._listener is None:
+                self._listener = self._loop.create_task(self._listen())
+
+    async def _unsubscribe(self, channel: str) -> None:
+        async with self._commands:
+            if channel in self._followers or channel not in self._subscriptions or self.closed:
+                return  # followed again meanwhile, or the hub is gone
+            del self._subscriptions[channel]
+            try:
+                await self._pubsub.unsubscribe(channel)
+            except redis.exceptions.RedisError as err:
+                self._fail(err)
+
+    async def _listen(self) -> None:
+        try:
+            while True:
+                message = await self._pubsub.get_message(timeout=None)
+                if message is None:
+                    continue
+                kind, channel = message["type"], message["channel"].decode()
+                if kind == "message":
+                    entry_id, flat = json.loads(message["data"])
+                    event = Event.from_entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+                    for follower in self._followers.get(channel, ()):
+                        follower.queue.put_nowait(event)
+                elif kind == "subscribe":
+                    waiting = self._confirmations.get(channel)
+                    if waiting:
+                        confirmed = waiting.popleft()
+                        if not waiting:
+                            del self._confirmations[channel]
+                        if not confirmed.done():
+                            confirmed.set_result(None)
+                elif kind == "unsubscribe" and message["data"] == 0 and not self._subscriptions:
+                    await self._close()
+                    return
+        except (redis.exceptions.RedisError, OSError) as err:
+            self._fail(err)
+        except asyncio.CancelledError:
+            self._fail(redis.exceptions.ConnectionError("the relay hub was stopped"))
+            raise
+
+    def _fail(self, err: BaseException) -> None:
+        """Every follower gets `err`; the hub closes and a new one serves later followers."""
+        if self.closed:
+            return
+        self._forget()
+        for followers in self._followers.values():
+            for follower in followers:
+                follower.queue.put_nowait(err)
+        for confirmed in self._subscriptions.values():
+            if not confirmed.done():
+                confirmed.set_exception(err)
+        self._subscriptions.clear()
+        self._confirmations.clear()
+        self._chore(self._disconnect())
+
+    def _forget(self) -> None:
+        self.closed = True
+        if _hubs.get(self._loop) is self:
+            del _hubs[self._loop]
+
+    async def _close(self) -> None:
+        self._forget()
+        await self._disconnect()
+
+    async def _disconnect(self) -> None:
+        await self._pubsub.aclose()
+        await self._client.aclose()
+        await self._backlog.aclose()
+
+
+_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub]" = weakref.WeakKeyDictionary()
+
+
+def _hub() -> _Hub:
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None:
+        hub = _hubs[loop] = _Hub(loop)
+    return hub
+
+
 async def events(request_id: UUID) -> AsyncIterator[Event]:
-    """Yield the request's relay events from the beginning, waiting on Redis for new ones.
+    """Yield the request's relay events from the beginning, then live ones as they come.
 
     The caller stops iterating when it has what it needs; a cancelled task (a client that
-    went away) closes the connection on the way out.
+    went away) leaves the hub on the way out. A lost Redis connection raises RedisError.
     """
-    client = redis.asyncio.from_url(settings.REDIS_URL)
+    hub = _hub()
     key = relay_key(request_id)
-    last_id = "0-0"
+    follower = await hub.follow(key)
     try:
+        last = (0, 0)
+        for event in await hub.read(key, "0-0"):
+            last = _order(event.id)
+            yield event
         while True:
-            answer = await client.xread({key: last_id}, block=BLOCK_MS, count=100)
-            for _stream, entries in answer or ():
-                for entry_id, raw in entries:
-                    last_id = entry_id.decode()
-                    fields = {k.decode(): v.decode() for k, v in raw.items()}
-                    yield Event(
-                        id=last_id,
-                        type=fields.pop("type"),
-                        generation=fields.pop("generation", ""),
-                        fields=fields,
-                    )
+            item = await follower.queue.get()
+            if isinstance(item, BaseException):
+                if isinstance(item, redis.exceptions.RedisError):
+                    raise item
+                raise redis.exceptions.ConnectionError(str(item)) from item
+            if _order(item.id) <= last:
+                continue  # read with the backlog already
+            last = _order(item.id)
+            yield item
     finally:
-        await client.aclose()
+        hub.leave(follower)
