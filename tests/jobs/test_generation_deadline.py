@@ -22,11 +22,12 @@ import httpx
 import openai
 import pytest
 import uvicorn
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.test import Client
 
-from hordeops import clock
+from hordeops import asyncdb, clock
 from hordeops.settings import env_deadline_max_ms, env_route_limits
 from jobs import deadlines, services
 from jobs.models import Generation, TextRequest
@@ -511,6 +512,37 @@ def test_a_deadline_spent_in_the_queue_is_a_504_that_cancels_the_request(local_s
         [text_request] = TextRequest.objects.all()
         assert text_request.deadline_at is not None
         _assert_cancelled_without_restart(text_request.pk, worker)
+
+
+def test_a_deadline_spent_waiting_for_a_database_thread_is_a_504_that_queues_nothing(
+    local_server, accounts, worker
+):
+    """The chat routes' database steps share a few threads (hordeops.asyncdb): waiting for one
+    spends the budget like any other phase, and the step that never got a thread never runs."""
+    requester, _ = accounts
+    release = threading.Event()
+    threads = django_settings.WEB_ASYNC_DB_THREADS
+    started = threading.Barrier(threads + 1)
+
+    def hold() -> None:
+        started.wait(WAIT_SECONDS)
+        release.wait(WAIT_SECONDS)
+
+    holds = [asyncdb._threads().submit(hold) for _ in range(threads)]
+    try:
+        started.wait(WAIT_SECONDS)
+        asked = time.monotonic()
+        response = _ask(local_server, requester.api_key, 300)
+        answered = time.monotonic() - asked
+    finally:
+        release.set()
+        for held in holds:
+            held.result(WAIT_SECONDS)
+    assert response.status_code == 504, response.text
+    assert response.json()["error"]["code"] == "generation_deadline_exceeded"
+    assert 0.3 <= answered < 2, answered  # at the deadline, not when a thread came free
+    time.sleep(0.2)
+    assert not TextRequest.objects.exists()
 
 
 def test_the_sdks_get_a_504_they_do_not_retry(local_server, accounts, worker):
