@@ -12,6 +12,7 @@ reads the backlog from the stream, then takes the live events, skipping any it h
 """
 
 import asyncio
+import hashlib
 import json
 import weakref
 from collections import deque
@@ -85,14 +86,7 @@ def _order(entry_id: str) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
-_script = None
-
-
-def _publish_script():
-    global _script
-    if _script is None:
-        _script = get_redis_connection("default").register_script(PUBLISH_SCRIPT)
-    return _script
+_PUBLISH_SHA = hashlib.sha1(PUBLISH_SCRIPT.encode()).hexdigest()
 
 
 def publish(request_id: UUID, type_: str, generation_id: UUID | str = "", **fields: str | int) -> None:
@@ -101,18 +95,34 @@ def publish(request_id: UUID, type_: str, generation_id: UUID | str = "", **fiel
 
 
 def publish_many(events: list[tuple[UUID, str, str, dict[str, str]]]) -> None:
-    """Append several events in one round trip: (request id, type, generation id, fields)."""
+    """Append several events in one round trip: (request id, type, generation id, fields).
+
+    EVALSHA by hand: redis-py's pipelined Script asks SCRIPT EXISTS on every execute, a
+    second round trip. Redis answers NOSCRIPT to every call of a script it does not hold,
+    so none of them ran, and the pipeline is sent again once the script is loaded.
+    """
     if not events:
         return
-    script = _publish_script()
-    pipe = get_redis_connection("default").pipeline(transaction=False)
+    client = get_redis_connection("default")
     ttl = settings.TEXT_REQUEST_LIFETIME_SECONDS + KEY_GRACE_SECONDS
+    calls = []
     for request_id, type_, generation_id, fields in events:
         flat = ["type", type_, "generation", generation_id]
         for name, value in fields.items():
             flat += [name, value]
-        script(keys=[relay_key(request_id)], args=[ttl, *flat], client=pipe)
-    pipe.execute()
+        calls.append((relay_key(request_id), ttl, *flat))
+
+    def send() -> None:
+        pipe = client.pipeline(transaction=False)
+        for key, *args in calls:
+            pipe.evalsha(_PUBLISH_SHA, 1, key, *args)
+        pipe.execute()
+
+    try:
+        send()
+    except redis.exceptions.NoScriptError:
+        client.script_load(PUBLISH_SCRIPT)
+        send()
 
 
 class _Follower:

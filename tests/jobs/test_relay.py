@@ -180,3 +180,28 @@ def test_a_lost_connection_ends_every_follower_with_a_redis_error_and_the_next_f
         return text
 
     assert asyncio.run(lose_connection()) == "after the outage"
+
+
+def _types(request_id: uuid.UUID) -> list[str]:
+    entries = get_redis_connection("default").xrange(relay.relay_key(request_id))
+    return [fields[b"type"].decode() for _id, fields in entries]
+
+
+def test_events_published_after_redis_lost_its_scripts_are_each_appended_once():
+    request_id = uuid.uuid4()
+    get_redis_connection("default").script_flush()
+    relay.publish_many(
+        [(request_id, "delta", "g", {"text": "a", "seq": "1"}), (request_id, relay.DONE, "g", {"text": "a"})]
+    )
+    relay.publish(request_id, relay.FAILED, code="cancelled")  # the script is loaded now
+    assert _types(request_id) == ["delta", "done", "failed"]
+
+
+def test_a_publish_is_one_round_trip_with_no_script_check():
+    redis_client = get_redis_connection("default")
+    relay.publish(uuid.uuid4(), relay.FAILED, code="warm")  # loads the script if it was missing
+    redis_client.config_resetstat()
+    relay.publish_many([(uuid.uuid4(), relay.FAILED, "", {"code": "cancelled"}) for _ in range(3)])
+    stats = redis_client.info("commandstats")
+    assert stats["cmdstat_evalsha"]["calls"] == 3
+    assert not any(name.startswith("cmdstat_script") for name in stats), sorted(stats)
