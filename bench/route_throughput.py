@@ -183,10 +183,11 @@ def _load_process(
 # --- the main process ------------------------------------------------------------------------
 
 
-def _prepare_database() -> None:
-    subprocess.run([str(ROOT / "bin" / "services"), DB_NAME], check=True)
+def _prepare_database(db_name: str = DB_NAME, env: dict[str, str] | None = None) -> None:
+    """Create the bench database if missing and migrate it (`env`: the bench's environment)."""
+    subprocess.run([str(ROOT / "bin" / "services"), db_name], check=True)
     subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=_env(), check=True
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env or _env(), check=True
     )
 
 
@@ -212,7 +213,8 @@ def _fill_queue(queued: int) -> str:
     return api_key
 
 
-def _start_server(port: int, web_workers: int) -> subprocess.Popen:
+def _start_server(port: int, web_workers: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """gunicorn with `web_workers` uvicorn workers on `port`, once its heartbeat answers."""
     server = subprocess.Popen(
         [
             str(ROOT / ".venv" / "bin" / "gunicorn"),
@@ -227,7 +229,7 @@ def _start_server(port: int, web_workers: int) -> subprocess.Popen:
             "warning",
         ],
         cwd=ROOT,
-        env=_env(),
+        env=env or _env(),
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

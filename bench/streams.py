@@ -38,7 +38,6 @@ import os
 import platform
 import re
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.route_throughput import (  # noqa: E402
+    _free_port,
+    _percentile,
+    _prepare_database,
+    _start_server,
+    python_loop_seconds,
+)
+
 DB_NAME = "hordeops_bench_streams"
 REDIS_URL = "redis://127.0.0.1:6379/11"
 MODEL = "bench/streams-8B"
@@ -68,17 +75,6 @@ def _env() -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "hordeops.settings",
         "LOG_LEVEL": "WARNING",
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _summary(ms: list[float]) -> dict:
@@ -239,13 +235,6 @@ def worker_process(port: int, api_key: str, index: int, threads: int, args: dict
 # --- the main process ------------------------------------------------------------------------
 
 
-def _prepare_database() -> None:
-    subprocess.run([str(ROOT / "bin" / "services"), DB_NAME], check=True)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=_env(), check=True
-    )
-
-
 def _reset(streams: int) -> tuple[list[str], str]:
     """Empty the tables and Redis; make the requesters' accounts; return their keys and an owner's."""
     from django.db import connection
@@ -261,37 +250,6 @@ def _reset(streams: int) -> tuple[list[str], str]:
     keys = [create_account(name=f"streams-{i}")[1] for i in range(-(-streams // PER_ACCOUNT))]
     _, owner = create_account(name="streams-owner", trusted=True)
     return keys, owner
-
-
-def _start_server(port: int, web_workers: int) -> subprocess.Popen:
-    server = subprocess.Popen(
-        [
-            str(ROOT / ".venv" / "bin" / "gunicorn"),
-            "hordeops.asgi:application",
-            "-k",
-            "uvicorn.workers.UvicornWorker",
-            "-w",
-            str(web_workers),
-            "-b",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-        ],
-        cwd=ROOT,
-        env=_env(),
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            probe.request("GET", "/api/v2/status/heartbeat")
-            if probe.getresponse().status == 200:
-                return server
-        except OSError:
-            pass
-        time.sleep(0.2)
-    server.terminate()
-    raise RuntimeError("gunicorn did not come up")
 
 
 def _children(pid: int) -> list[int]:
@@ -378,11 +336,11 @@ def _queued() -> int:
 def _run(streams: int, args) -> dict:
     keys, owner = _reset(streams)
     requester_port = _free_port()
-    servers = [_start_server(requester_port, args.web_workers)]
+    servers = [_start_server(requester_port, args.web_workers, _env())]
     worker_port = requester_port
     if args.split:
         worker_port = _free_port()
-        servers.append(_start_server(worker_port, args.web_workers))
+        servers.append(_start_server(worker_port, args.web_workers, _env()))
     web_by_server = [[server.pid, *_children(server.pid)] for server in servers]
     web = [pid for pids in web_by_server for pid in pids]
     context = multiprocessing.get_context("spawn")
@@ -507,13 +465,11 @@ def main() -> None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers and the requester inherit it
-    _prepare_database()
+    _prepare_database(DB_NAME, _env())
     os.environ.update(_env())
     import django
 
     django.setup()
-    from bench.route_throughput import python_loop_seconds
-
     loop_seconds = python_loop_seconds()
     runs = []
     for streams in (int(n) for n in args.streams.split(",")):
