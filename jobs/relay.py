@@ -130,7 +130,7 @@ class _Follower:
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
-        self.queue: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self.queue: asyncio.Queue[Event | redis.exceptions.RedisError] = asyncio.Queue()
 
 
 class _Hub:
@@ -191,9 +191,9 @@ class _Hub:
             del self._followers[follower.channel]
             self._chore(self._unsubscribe(follower.channel))
 
-    async def read(self, key: str, after: str) -> list[Event]:
-        """The stream's entries after `after` ("0-0": all of them)."""
-        entries = await self._backlog.xrange(key, min=f"({after}" if after != "0-0" else "-")
+    async def read(self, key: str) -> list[Event]:
+        """Every entry of the stream so far: a new follower's backlog."""
+        entries = await self._backlog.xrange(key)
         return [
             Event.from_entry(entry_id.decode(), {k.decode(): v.decode() for k, v in raw.items()})
             for entry_id, raw in entries
@@ -252,13 +252,15 @@ class _Hub:
                 elif kind == "unsubscribe" and message["data"] == 0 and not self._subscriptions:
                     await self._close()
                     return
-        except (redis.exceptions.RedisError, OSError) as err:
+        except redis.exceptions.RedisError as err:
             self._fail(err)
+        except OSError as err:
+            self._fail(redis.exceptions.ConnectionError(str(err)))
         except asyncio.CancelledError:
             self._fail(redis.exceptions.ConnectionError("the relay hub was stopped"))
             raise
 
-    def _fail(self, err: BaseException) -> None:
+    def _fail(self, err: redis.exceptions.RedisError) -> None:
         """Every follower gets `err`; the hub closes and a new one serves later followers."""
         if self.closed:
             return
@@ -310,15 +312,13 @@ async def events(request_id: UUID) -> AsyncIterator[Event]:
     follower = await hub.follow(key)
     try:
         last = (0, 0)
-        for event in await hub.read(key, "0-0"):
+        for event in await hub.read(key):
             last = _order(event.id)
             yield event
         while True:
             item = await follower.queue.get()
-            if isinstance(item, BaseException):
-                if isinstance(item, redis.exceptions.RedisError):
-                    raise item
-                raise redis.exceptions.ConnectionError(str(item)) from item
+            if isinstance(item, redis.exceptions.RedisError):
+                raise item
             if _order(item.id) <= last:
                 continue  # read with the backlog already
             last = _order(item.id)
