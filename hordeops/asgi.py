@@ -9,10 +9,10 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core import signals
-from django.core.exceptions import RequestAborted
+from django.core.exceptions import RequestAborted, SuspiciousFileOperation
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import HttpResponseBase
+from django.http import Http404, HttpResponseBase
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
@@ -110,7 +110,17 @@ def _is_async_view(urlconf: str, path: str) -> bool:
 # static handler under /static/, so that the stack needs nothing in front of it; a public
 # deployment puts `collectstatic` output behind its reverse proxy instead. The API and chat
 # routes never pass through it.
-django_application = ASGIStaticFilesHandler(HordeASGIHandler())
+class StaticFilesHandler(ASGIStaticFilesHandler):
+    """Django's static handler, with a path that escapes its root a 404 (Django's is a 500)."""
+
+    def serve(self, request):
+        try:
+            return super().serve(request)
+        except (SuspiciousFileOperation, ValueError):  # ValueError: a NUL byte in the path
+            raise Http404("Not found.") from None
+
+
+django_application = StaticFilesHandler(HordeASGIHandler())
 
 
 async def application(scope, receive, send):

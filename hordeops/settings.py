@@ -82,6 +82,28 @@ def env_route_limits(name: str) -> dict[str, int]:
     return limits
 
 
+DEVELOPMENT_SECRET_KEY = "hordeops-development-key-not-secret"
+
+
+def env_secret_key(name: str, path: Path) -> str:
+    """The key that signs sessions and CSRF tokens: the variable, else the file `bin/stack` writes.
+
+    A public default would let anyone forge a moderator's session, so without either one only
+    a debug process starts, on a key that is marked as not secret.
+    """
+    key = os.environ.get(name, "").strip()
+    if not key and path.is_file():
+        key = path.read_text().strip()
+    if key:
+        return key
+    if env_bool("DJANGO_DEBUG", False):
+        return DEVELOPMENT_SECRET_KEY
+    raise ImproperlyConfigured(
+        f"{name} is not set and {path} does not exist: set {name}, or run bin/stack once to "
+        "generate that file (DJANGO_DEBUG=true runs on a development key)"
+    )
+
+
 def database_from_url(url: str) -> dict:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
@@ -135,8 +157,9 @@ DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/horde
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # --- Django ----------------------------------------------------------------------------
-SECRET_KEY = env_str("SECRET_KEY", "hordeops-development-key-change-me-in-production")
-DEBUG = env_bool("DEBUG", False)
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY_FILE = Path(env_str("SECRET_KEY_FILE", str(BASE_DIR / "run" / "secret_key")))
+SECRET_KEY = env_secret_key("SECRET_KEY", SECRET_KEY_FILE)
 # Threads per web process that run sync views (the horde routes, the admin): hordeops/asgi.py.
 WEB_SYNC_THREADS = env_int("WEB_SYNC_THREADS", 2)
 # Threads per web process that run the chat routes' database steps (hordeops/asyncdb.py): an
@@ -168,8 +191,12 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # No page may be framed (clickjacking of moderator actions); the API is not framed either.
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
+
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "hordeops.urls"
 ASGI_APPLICATION = "hordeops.asgi.application"

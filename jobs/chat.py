@@ -186,7 +186,10 @@ async def _queue(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall
     A request that was being queued when the deadline or the client ran out is cancelled.
     """
     try:
-        header = deadlines.budget_for(request)
+        if deadlines.INTERNAL_HEADER in request.headers:  # checked against Redis: not on the loop
+            header = await asyncio.to_thread(deadlines.budget_for, request)
+        else:
+            header = deadlines.budget_for(request)
     except errors.DomainError as err:
         header = err
 

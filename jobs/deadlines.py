@@ -7,11 +7,14 @@ worker's generation, stream preflight) spends it. No header, no change.
 
 import hashlib
 import hmac
+import logging
 import re
 import time
 from dataclasses import dataclass, replace
 
+import redis.exceptions
 from django.conf import settings
+from django.core.cache import cache
 from django.http import HttpRequest
 
 from hordeops import errors
@@ -25,6 +28,10 @@ ARRIVED_KEY = "hordeops.arrived"
 _DIGITS = re.compile(r"[0-9]+")
 # Longer digit strings are refused before int() (Python refuses over 4300 digits: a 500).
 _MAX_DIGITS = 15
+# A signature seen once is remembered for as long as its timestamp could still be accepted.
+_SEEN_SIGNATURE_KEY = "hordeops:internal-hop:{}"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,22 @@ def _authenticated_internal(request: HttpRequest, value: str) -> bool:
         secret=secret, method=request.method or "", path=request.path, value=value, timestamp=timestamp
     )
     # As bytes: compare_digest raises TypeError on a str with non-ASCII characters.
-    return hmac.compare_digest(expected.encode(), parts["v1"].encode())
+    if not hmac.compare_digest(expected.encode(), parts["v1"].encode()):
+        return False
+    return _first_use(parts["v1"])
+
+
+def _first_use(signature: str) -> bool:
+    """Whether this is the first time the signature is seen: a captured header is good once.
+
+    Without Redis the hop cannot be told from a replay, so it is ignored, as an
+    unauthenticated one is: the budget falls back to the public header.
+    """
+    try:
+        return cache.add(_SEEN_SIGNATURE_KEY.format(signature), 1, timeout=2 * SIGNATURE_WINDOW_SECONDS + 1)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        logger.warning("internal deadline header ignored: Redis is unavailable")
+        return False
 
 
 def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> Budget | None:
@@ -121,7 +143,7 @@ def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> 
 
     Raises InvalidGenerationDeadline for a malformed header. A shorter account or route limit
     wins; an authenticated internal hop can only shorten the budget, and an unauthenticated
-    one is ignored.
+    or replayed one is ignored. A signed internal header costs one Redis command.
     """
     maximum = settings.GENERATION_DEADLINE_MAX_MS
     if maximum is None:  # a malformed maximum disables deadlines

@@ -141,3 +141,26 @@ def test_request_signals_run_on_the_thread_that_serves_the_view():
     assert len(threads["view"]) == 1
     assert threads["started"] == threads["view"] == threads["finished"]
     assert next(iter(threads["view"])).startswith("hordeops-sync")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "/static/../../../etc/passwd",
+        "/static/admin/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "/static/%00",
+        "/static/admin/css/no-such-file.css",
+    ],
+)
+def test_a_static_path_outside_the_static_files_is_a_json_404(path):
+    from urllib.parse import unquote
+
+    status, body, _ = _get(asgi.application, unquote(path))
+    assert status == 404
+    assert json.loads(body) == {"message": "Not found.", "rc": "NotFound"}
+
+
+def test_the_admins_own_static_files_are_still_served():
+    status, body, _ = _get(asgi.application, "/static/admin/css/base.css")
+    assert status == 200 and b"DJANGO Admin styles" in body

@@ -897,18 +897,50 @@ def test_an_internal_deadline_counts_only_when_signed_fresh_and_only_shortens(re
         assert _internal_budget(requester, None, headers) is None, headers
         assert 55000 < _internal_budget(requester, "60000", headers) <= 60000, headers
 
-    # Signed and fresh: honoured, and it can only shorten the public budget.
+    # Signed and fresh: honoured, and it can only shorten the public budget. (Each signature
+    # is new: a header seen before is a replay, below.)
     assert 0 < _internal_budget(requester, "60000", _signed(500)) <= 500
-    assert 0 < _internal_budget(requester, None, _signed(500)) <= 500
-    assert 0 < _internal_budget(requester, "60000", _signed(500, now=now - 20)) <= 500
+    assert 0 < _internal_budget(requester, None, _signed(501)) <= 501
+    assert 0 < _internal_budget(requester, "60000", _signed(502, now=now - 20)) <= 502
     assert 55000 < _internal_budget(requester, "60000", _signed(90000)) <= 60000
-    assert 0 < _internal_budget(requester, "1000", _signed(90000)) <= 1000
+    assert 0 < _internal_budget(requester, "1000", _signed(90001)) <= 1000
 
     # With no secret configured, internal headers are never proof of anything.
     settings.INTERNAL_HOP_SECRET = ""
     for headers in (_signed(500), _signed(500, secret="")):
         assert _internal_budget(requester, None, headers) is None
         assert 55000 < _internal_budget(requester, "60000", headers) <= 60000
+
+
+def test_a_captured_internal_deadline_header_counts_once_and_its_replays_are_ignored(
+    requester, owner, settings
+):
+    owner.pop("w")
+    settings.INTERNAL_HOP_SECRET = "s3cret"
+    captured = _signed(700)
+
+    assert 0 < _internal_budget(requester, None, captured) <= 700
+    # The same headers again, within the signature's window: the hop is not believed twice.
+    assert _internal_budget(requester, None, captured) is None
+    assert 55000 < _internal_budget(requester, "60000", captured) <= 60000
+    # A fresh signature from the same hop is believed.
+    assert 0 < _internal_budget(requester, None, _signed(701)) <= 701
+
+
+def test_a_replayed_internal_deadline_header_does_not_cut_a_chat_requests_budget(
+    local_server, accounts, worker, settings
+):
+    requester, _ = accounts
+    settings.INTERNAL_HOP_SECRET = "s3cret"
+    captured = list(_signed(300, path=CHAT).items())
+
+    started = time.monotonic()
+    _assert_504(_ask(local_server, requester.api_key, headers=captured))
+    assert time.monotonic() - started < 1.4  # the hop's 300 ms
+
+    started = time.monotonic()
+    _assert_504(_ask(local_server, requester.api_key, 1500, headers=captured))
+    assert time.monotonic() - started >= 1.5  # the public 1,500 ms: the replayed hop is ignored
 
 
 # --- 8. The horde route: the deadline bounds the request's life ---------------------------------
