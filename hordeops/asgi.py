@@ -1,6 +1,7 @@
 import asyncio
 import functools
 import os
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +15,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.http import Http404, HttpResponseBase
 from django.urls import Resolver404, get_resolver, set_script_prefix
+
+from hordeops import errors
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
@@ -52,10 +55,56 @@ class HordeASGIHandler(ASGIHandler):
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)  # refuses it
-        elif _is_async_view(settings.ROOT_URLCONF, _path_info(scope)):
-            await self.handle(scope, receive, send)
-        else:
-            await self._handle_sync(scope, receive, send)
+            return
+        try:
+            if _declared_length(scope) > settings.MAX_REQUEST_BODY_BYTES:
+                raise BodyRefused(errors.PayloadTooLarge())
+            if _is_async_view(settings.ROOT_URLCONF, _path_info(scope)):
+                await self.handle(scope, receive, send)
+            else:
+                await self._handle_sync(scope, receive, send)
+        except BodyRefused as refused:
+            from hordeops.api import error_response_for_path
+
+            response = error_response_for_path(_path_info(scope), refused.error)
+            # The rest of the body is not read: the connection cannot carry another request.
+            response["Connection"] = "close"
+            await self.send_response(response, send)
+
+    async def read_body(self, receive):
+        """The body, refused as it arrives once it is over the limit or stalls (Django reads it all).
+
+        Over `MAX_REQUEST_BODY_BYTES` is a 413 at the chunk that crosses it, so no more than
+        that is ever held (in memory: the spool rolls over to disk only past Django's 2.5 MB).
+        A body with no new bytes for `REQUEST_BODY_STALL_SECONDS`, or not complete within
+        `REQUEST_BODY_SECONDS`, is a 408: a client cannot hold a connection by sending slowly.
+        """
+        body_file = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + settings.REQUEST_BODY_SECONDS
+        size = 0
+        try:
+            while True:
+                wait = max(0.0, min(settings.REQUEST_BODY_STALL_SECONDS, ends - loop.time()))
+                try:
+                    async with asyncio.timeout(wait):
+                        message = await receive()
+                except TimeoutError:
+                    raise BodyRefused(errors.BodyTimeout()) from None
+                if message["type"] == "http.disconnect":
+                    raise RequestAborted()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > settings.MAX_REQUEST_BODY_BYTES:
+                    raise BodyRefused(errors.PayloadTooLarge())
+                body_file.write(chunk)
+                if not message.get("more_body", False):
+                    break
+        except BaseException:
+            body_file.close()
+            raise
+        body_file.seek(0)
+        return body_file
 
     async def _handle_sync(self, scope, receive, send) -> None:
         try:
@@ -89,6 +138,22 @@ class HordeASGIHandler(ASGIHandler):
             # gives the connection back before the answer is written out.
             response.close()
         return response
+
+
+class BodyRefused(Exception):
+    """A body refused while it was being read; `error` is the answer."""
+
+    def __init__(self, error: errors.DomainError) -> None:
+        super().__init__(error.code)
+        self.error = error
+
+
+def _declared_length(scope) -> int:
+    """The Content-Length the client announced, 0 when none or not a number (the middleware's 400)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() and len(value) <= 18 else 0
+    return 0
 
 
 def _path_info(scope) -> str:

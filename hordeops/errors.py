@@ -37,6 +37,12 @@ class PayloadTooLarge(DomainError):
     default_message = "The body is larger than 1 MiB."
 
 
+class BodyTimeout(DomainError):
+    code = "RequestTimeout"
+    status = 408
+    default_message = "The request body did not arrive in time."
+
+
 class InvalidAPIKey(DomainError):
     code = "InvalidAPIKey"
     status = 401

@@ -231,8 +231,12 @@ CACHES = {
     }
 }
 
-# Bodies over 1 MiB are refused with 413 (CONTRACT.md section 11).
+# Bodies over 1 MiB are refused with 413 while they are read (CONTRACT.md section 11).
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
+# A body with no new bytes for this long, or not complete this long after its headers, is a 408
+# (hordeops/asgi.py): a slow sender cannot hold a connection and a web process's memory.
+REQUEST_BODY_STALL_SECONDS = env_int("REQUEST_BODY_STALL_SECONDS", 5)
+REQUEST_BODY_SECONDS = env_int("REQUEST_BODY_SECONDS", 30)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
 
 LANGUAGE_CODE = "en-us"
