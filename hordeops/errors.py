@@ -119,6 +119,11 @@ class GenerationCancelled(DomainError):
     )
 
 
+class OutputTooLong(DomainError):
+    code = "OutputTooLong"
+    default_message = "The output is longer than this job allows."
+
+
 class MethodNotAllowed(DomainError):
     code = "MethodNotAllowed"
     status = 405

@@ -19,9 +19,10 @@ from jobs.relay import APPEND_LUA, KEY_GRACE_SECONDS, relay_key
 
 # KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
-#       key ttl, tokens, minute hash ttl.
+#       key ttl, tokens, minute hash ttl, output limit (bytes).
 # Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
-# lapsed, retry, gap, dead.
+# lapsed, retry, gap, dead, too_long (the delta would take the output past its limit: it is
+# neither relayed nor counted, and its seq is not taken).
 RENEW_SCRIPT = (
     APPEND_LUA
     + """
@@ -42,7 +43,7 @@ if redis.call('EXISTS', lease) == 0 then
              'last_seq', 0, 'output_len', 0)
   redis.call('EXPIRE', lease, tonumber(ARGV[10]))
 end
-local state = redis.call('HMGET', lease, 'dead', 'last_seq', 'lease_end', 'cap_end')
+local state = redis.call('HMGET', lease, 'dead', 'last_seq', 'lease_end', 'cap_end', 'output_len')
 if state[1] then
   -- Killed, perhaps before any post created it: the other fields may be missing.
   return {'dead', state[3] or '0', tonumber(state[2]) or 0}
@@ -53,6 +54,9 @@ if seq <= last then
 end
 if seq > last + 1 then
   return {'gap', state[3], last}
+end
+if (tonumber(state[5]) or 0) + string.len(delta) > tonumber(ARGV[13]) then
+  return {'too_long', state[3], last}
 end
 redis.call('HSET', lease, 'last_seq', seq)
 if ARGV[11] ~= '' then
@@ -123,6 +127,7 @@ def renew(
     seq: int,
     delta: str,
     tokens: int | None,
+    output_limit: int,
     now: datetime,
 ) -> Renewal:
     """Run the lease script for one progress post."""
@@ -147,6 +152,7 @@ def renew(
             cap_seconds + KEY_GRACE_SECONDS,
             "" if tokens is None else tokens,
             metrics.MINUTE_KEY_TTL_SECONDS,
+            output_limit,
         ],
     )
     return Renewal(outcome=outcome.decode(), lease_end=float(lease_end), last_seq=int(last_seq))

@@ -101,6 +101,17 @@ class TextRequest(models.Model):
     def is_done(self) -> bool:
         return self.state != self.State.ACTIVE
 
+    # A generation's output may be this many UTF-8 bytes per requested token, plus the
+    # allowance: room for any tokenizer (English runs about 4 bytes a token, CJK 3 to 6), and
+    # a bound on what one worker can make the horde relay and store (docs/reference/operations.md).
+    OUTPUT_BYTES_PER_TOKEN = 16
+    OUTPUT_ALLOWANCE_BYTES = 1024
+
+    @property
+    def output_limit_bytes(self) -> int:
+        """The most output one generation of this request may relay or submit, in UTF-8 bytes."""
+        return self.max_length * self.OUTPUT_BYTES_PER_TOKEN + self.OUTPUT_ALLOWANCE_BYTES
+
 
 class GenerationQuerySet(models.QuerySet["Generation"]):
     def processing(self) -> "GenerationQuerySet":

@@ -32,6 +32,10 @@ FAILED = "failed"  # the request ended without a reply: code says why
 
 # Hours a lease or relay key outlives its cap, so that late posts still find it dead.
 KEY_GRACE_SECONDS = 3600
+# How long a request's relay stream is kept once its last event (done, failed) is written:
+# long enough for a follower that is just starting to read it, and no longer.
+FINISHED_RELAY_SECONDS = 60
+FINAL_EVENTS = frozenset({DONE, FAILED})
 # Connections one web process uses to read followers' backlogs (besides its pub/sub one).
 BACKLOG_CONNECTIONS = 4
 # Their names in Redis's CLIENT LIST.
@@ -104,12 +108,13 @@ def publish_many(events: list[tuple[UUID, str, str, dict[str, str]]]) -> None:
     if not events:
         return
     client = get_redis_connection("default")
-    ttl = settings.TEXT_REQUEST_LIFETIME_SECONDS + KEY_GRACE_SECONDS
+    live_ttl = settings.TEXT_REQUEST_LIFETIME_SECONDS + KEY_GRACE_SECONDS
     calls = []
     for request_id, type_, generation_id, fields in events:
         flat = ["type", type_, "generation", generation_id]
         for name, value in fields.items():
             flat += [name, value]
+        ttl = FINISHED_RELAY_SECONDS if type_ in FINAL_EVENTS else live_ttl
         calls.append((relay_key(request_id), ttl, *flat))
 
     def send() -> None:

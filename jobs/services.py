@@ -455,6 +455,15 @@ def _refusal(generation_id: UUID) -> errors.DomainError:
     )
 
 
+def _too_long(text_request: TextRequest) -> errors.OutputTooLong:
+    return errors.OutputTooLong(
+        f"This job asked for at most {text_request.max_length} tokens, so its output may be at most "
+        f"{text_request.output_limit_bytes} bytes of UTF-8 in all "
+        f"({TextRequest.OUTPUT_BYTES_PER_TOKEN} a token plus {TextRequest.OUTPUT_ALLOWANCE_BYTES}).",
+        limit_bytes=text_request.output_limit_bytes,
+    )
+
+
 def _refuse_past_deadline(text_request: TextRequest, now: datetime) -> None:
     """Past the requester's deadline the job is cancelled, whatever the pass has done yet."""
     if text_request.deadline_at and now >= text_request.deadline_at:
@@ -502,11 +511,14 @@ def record_progress(
         seq=seq,
         delta=delta,
         tokens=tokens,
+        output_limit=generation.request.output_limit_bytes,
         now=now,
     )
     outcome = renewal.outcome
     if outcome == "dead":
         raise _refusal(generation.pk)
+    if outcome == "too_long":
+        raise _too_long(generation.request)
     if outcome == "gap":
         raise errors.ProgressOutOfOrder(
             f"Progress seq {seq} skips ahead: the last accepted seq is {renewal.last_seq}.",
@@ -575,6 +587,8 @@ def submit_generation(
         return 0.0
 
     text_request = generation.request
+    if len(text.encode()) > text_request.output_limit_bytes:
+        raise _too_long(text_request)
     tokens = estimate_tokens(text, text_request.max_length)
     if text_request.kind == TextRequest.Kind.CHAT:
         # A streaming worker's own running count beats the four-characters estimate.

@@ -231,6 +231,7 @@ def test_the_lease_held_at_the_cap_answers_at_cap_whatever_the_pop_time(db, micr
             seq=seq,
             delta="words",
             tokens=None,
+            output_limit=10_000,
             now=popped + timedelta(seconds=at),
         )
 
@@ -293,6 +294,7 @@ def test_the_script_answers_dead_for_a_lease_killed_before_it_existed(db):
         seq=1,
         delta="x",
         tokens=None,
+        output_limit=10_000,
         now=timezone.now(),
     )
     assert (renewal.outcome, renewal.last_seq) == ("dead", 0)

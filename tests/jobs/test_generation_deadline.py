@@ -49,6 +49,7 @@ TEXT_ASYNC = "/api/v2/generate/text/async"
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
 MESSAGES_PATH = "/v1/messages"
+PREFLIGHT_MAX_TOKENS = 8192
 CANCELLED_SETTLEMENT_KEYS = {"usage", "tokens_relayed", "reservation", "reason"}
 
 
@@ -120,7 +121,8 @@ def _body(path: str, *, stream: bool = True, model: str = MODEL) -> dict[str, An
         return {"model": model, "input": PROMPT, "stream": stream}
     if path == MESSAGES_PATH:
         return {"model": model, "max_tokens": 200, "messages": MESSAGES, "stream": stream}
-    return {"model": model, "messages": MESSAGES, "stream": stream}
+    # Room for the preflight's 64 KiB of white space within the job's output bound.
+    return {"model": model, "messages": MESSAGES, "stream": stream, "max_tokens": PREFLIGHT_MAX_TOKENS}
 
 
 def _ask(
