@@ -54,8 +54,8 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
     set_rollback()
     if isinstance(exc, errors.DomainError):
         response = horde_error(exc.message, exc.code, exc.status, **exc.extra)
-        if exc.status in (502, 504):
-            response["x-should-retry"] = "false"
+        for name, value in errors.response_headers(exc, exc.status).items():
+            response[name] = value
         return response
     if isinstance(exc, RequestDataTooBig):
         err = errors.PayloadTooLarge()
@@ -91,7 +91,8 @@ def error_response_for_path(path: str, err: errors.DomainError) -> HttpResponse:
         from jobs.protocols import protocol_for_path
 
         return protocol_for_path(path).error_response(err)
-    return JsonResponse({"message": err.message, "rc": err.code}, status=err.status)
+    headers = errors.response_headers(err, err.status)
+    return JsonResponse({"message": err.message, "rc": err.code}, status=err.status, headers=headers)
 
 
 def _unannounced_body_length(request: HttpRequest) -> int:

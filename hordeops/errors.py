@@ -9,12 +9,25 @@ class DomainError(Exception):
     code = "BadRequest"
     status = 400
     default_message = "The request could not be processed."
+    # Seconds after which the same call may succeed: sent as `retry-after` in every shape.
+    retry_after: int | None = None
 
     def __init__(self, message: str | None = None, **extra: object) -> None:
         self.message = message or self.default_message
         # Machine-readable details that an error shape may carry beside the message.
         self.extra = extra
         super().__init__(self.message)
+
+
+def response_headers(err: DomainError, status: int) -> dict[str, str]:
+    """The headers every error shape adds: whether and when a client may send it again."""
+    headers = {}
+    if status in (502, 504):
+        # The SDKs retry every 5xx unless told not to; resending would queue a new job.
+        headers["x-should-retry"] = "false"
+    if err.retry_after is not None:
+        headers["retry-after"] = str(err.retry_after)
+    return headers
 
 
 class BadRequest(DomainError):
@@ -41,6 +54,20 @@ class BodyTimeout(DomainError):
     code = "RequestTimeout"
     status = 408
     default_message = "The request body did not arrive in time."
+
+
+class TooManyPrompts(DomainError):
+    """The account already has as many waiting or running requests as it may (the AI Horde's rc)."""
+
+    code = "TooManyPrompts"
+    status = 429
+    retry_after = 5
+
+    def __init__(self, *, count: int, limit: int) -> None:
+        super().__init__(
+            f"Parallel requests ({count}) exceeded user limit ({limit}). "
+            "Please try again later or request to increase your concurrency."
+        )
 
 
 class InvalidAPIKey(DomainError):

@@ -84,6 +84,8 @@ class TextRequest(models.Model):
                 condition=Q(state="active", queued__gt=0),
             ),
             models.Index(fields=["expires_at"], name="request_active_expiry", condition=Q(state="active")),
+            # An account's waiting or running requests, counted against its bound.
+            models.Index(fields=["account"], name="request_active_by_account", condition=Q(state="active")),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(n__gte=1) & Q(n__lte=20), name="request_n_1_20"),

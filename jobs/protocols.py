@@ -179,11 +179,7 @@ class ChatProtocol:
 
     def error_response(self, err: errors.DomainError) -> JsonResponse:
         status = self.status_of(err)
-        response = JsonResponse(self.error_body(err), status=status)
-        if status in (502, 504):
-            # The SDKs retry every 5xx unless told not to; resending would queue a new job.
-            response["x-should-retry"] = "false"
-        return response
+        return JsonResponse(self.error_body(err), status=status, headers=errors.response_headers(err, status))
 
 
 class OpenAIChat(ChatProtocol):
@@ -210,6 +206,8 @@ class OpenAIChat(ChatProtocol):
             type_ = "timeout_error" if status == 504 else "server_error"
         elif status == 401:
             type_ = "authentication_error"
+        elif status == 429:
+            type_ = "rate_limit_error"
         else:
             type_ = "invalid_request_error"
         code = getattr(err, "openai_code", None) or self.CODES.get(err.code) or _snake(err.code)

@@ -96,24 +96,39 @@ def create_text_request(
             raise errors.WorkerNotFound(f"No worker with id {missing[0]}.")
     if dry_run:
         return None, kudos
-    request = TextRequest.objects.create(
-        account=account,
-        kind=TextRequest.Kind.TEXT,
-        prompt=prompt,
-        params=params,
-        max_length=max_length,
-        max_context_length=max_context_length,
-        requested_models=models,
-        allowed_workers=workers,
-        trusted_workers=trusted_workers,
-        slow_workers=slow_workers,
-        n=n,
-        queued=n,
-        created_at=now,
-        expires_at=_expiry(now, deadline_at),
-        deadline_at=deadline_at,
-    )
+    with transaction.atomic():
+        _admit(account)
+        request = TextRequest.objects.create(
+            account=account,
+            kind=TextRequest.Kind.TEXT,
+            prompt=prompt,
+            params=params,
+            max_length=max_length,
+            max_context_length=max_context_length,
+            requested_models=models,
+            allowed_workers=workers,
+            trusted_workers=trusted_workers,
+            slow_workers=slow_workers,
+            n=n,
+            queued=n,
+            created_at=now,
+            expires_at=_expiry(now, deadline_at),
+            deadline_at=deadline_at,
+        )
     return request, kudos
+
+
+def _admit(account: Account) -> None:
+    """Refuse a request past the account's bound of waiting or running requests.
+
+    The account's row is locked until the caller's transaction ends, so two requests at once
+    cannot both take its last place; the count reads the `request_active_by_account` index.
+    """
+    Account.objects.select_for_update().filter(pk=account.pk).values_list("pk", flat=True).first()
+    limit = account.waiting_requests_limit
+    active = TextRequest.objects.filter(account_id=account.pk, state=TextRequest.State.ACTIVE)[:limit].count()
+    if active >= limit:
+        raise errors.TooManyPrompts(count=active, limit=limit)
 
 
 def _expiry(now: datetime, deadline_at: datetime | None) -> datetime:
@@ -142,22 +157,24 @@ def create_chat_request(
     now = now or clock.now()
     _require_known_models([model])
     prompt = render_chat_prompt(messages)
-    return TextRequest.objects.create(
-        account=account,
-        kind=TextRequest.Kind.CHAT,
-        prompt=prompt,
-        messages=messages,
-        params=params,
-        max_length=max_length,
-        # The worker must hold the prompt and the whole reply in its context.
-        max_context_length=max(20, prompt_tokens(prompt)) + max_length,
-        requested_models=[model],
-        n=1,
-        queued=1,
-        created_at=now,
-        expires_at=_expiry(now, deadline_at),
-        deadline_at=deadline_at,
-    )
+    with transaction.atomic():
+        _admit(account)
+        return TextRequest.objects.create(
+            account=account,
+            kind=TextRequest.Kind.CHAT,
+            prompt=prompt,
+            messages=messages,
+            params=params,
+            max_length=max_length,
+            # The worker must hold the prompt and the whole reply in its context.
+            max_context_length=max(20, prompt_tokens(prompt)) + max_length,
+            requested_models=[model],
+            n=1,
+            queued=1,
+            created_at=now,
+            expires_at=_expiry(now, deadline_at),
+            deadline_at=deadline_at,
+        )
 
 
 def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:

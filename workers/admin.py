@@ -18,18 +18,23 @@ class ModeratedFieldsMixin:
 
 @admin.register(Account)
 class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
-    list_display = ("name", "trusted", "deadline_limit_ms", "created_at")
+    list_display = ("name", "trusted", "deadline_limit_ms", "waiting_requests_bound", "created_at")
     list_editable = ("trusted",)
     list_filter = ("trusted",)
     search_fields = ("name",)
-    fields = ("name", "trusted", "deadline_limit_ms", "created_at")
+    fields = ("name", "trusted", "deadline_limit_ms", "max_waiting_requests", "created_at")
     readonly_fields = ("created_at",)
-    moderated_fields = ("trusted", "deadline_limit_ms")
+    moderated_fields = ("trusted", "deadline_limit_ms", "max_waiting_requests")
     actions = ("trust", "untrust")
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:
         return request.user.is_superuser
+
+    @admin.display(description="Max waiting requests", ordering="max_waiting_requests")
+    def waiting_requests_bound(self, account: Account) -> str:
+        limit = account.waiting_requests_limit
+        return str(limit) if account.max_waiting_requests is not None else f"{limit} (default)"
 
     def _set_trust(self, request, queryset, trusted: bool) -> None:
         changing = list(queryset.exclude(trusted=trusted))

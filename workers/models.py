@@ -4,6 +4,7 @@ import uuid
 from datetime import datetime
 from functools import cache
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
@@ -52,6 +53,13 @@ class Account(models.Model):
     trusted = models.BooleanField(default=False, db_index=True)
     # A per-account ceiling on X-MultiLLM-Deadline-Ms (seed 003): the shorter limit wins.
     deadline_limit_ms = models.PositiveIntegerField(null=True, blank=True)
+    # Set by moderators: how many waiting or running requests this account may have; empty
+    # means ACCOUNT_MAX_WAITING_REQUESTS (ANONYMOUS_MAX_WAITING_REQUESTS for the anonymous one).
+    max_waiting_requests = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Waiting or running requests this account may have at once; empty: the horde's default.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = AccountQuerySet.as_manager()
@@ -65,6 +73,15 @@ class Account(models.Model):
     @property
     def is_anonymous(self) -> bool:
         return self.api_key_hash == ANONYMOUS_API_KEY_HASH
+
+    @property
+    def waiting_requests_limit(self) -> int:
+        """The most waiting or running requests this account may have (CONTRACT.md section 12)."""
+        if self.max_waiting_requests is not None:
+            return self.max_waiting_requests
+        if self.is_anonymous:
+            return settings.ANONYMOUS_MAX_WAITING_REQUESTS
+        return settings.ACCOUNT_MAX_WAITING_REQUESTS
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):

@@ -64,7 +64,13 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
         sql, [requester.account.pk, requester.account.pk], (Account, ("name",)), (Account, None)
     )
     assert short.pk == full.pk == requester.account.pk and short.name == "requester"
-    assert short.get_deferred_fields() == {"api_key_hash", "trusted", "deadline_limit_ms", "created_at"}
+    assert short.get_deferred_fields() == {
+        "api_key_hash",
+        "trusted",
+        "deadline_limit_ms",
+        "max_waiting_requests",
+        "created_at",
+    }
     assert full.get_deferred_fields() == set()
 
 

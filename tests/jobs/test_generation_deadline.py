@@ -872,6 +872,7 @@ def _signed(remaining_ms: int, *, secret: str = "s3cret", path: str = TEXT_ASYNC
 
 
 def test_an_internal_deadline_counts_only_when_signed_fresh_and_only_shortens(requester, owner, settings):
+    settings.ACCOUNT_MAX_WAITING_REQUESTS = 100  # each case queues a request
     owner.pop("w")
     settings.INTERNAL_HOP_SECRET = "s3cret"
     internal = deadlines.INTERNAL_HEADER

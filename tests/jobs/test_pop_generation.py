@@ -194,7 +194,8 @@ def test_the_pop_costs_a_pinned_number_of_queries(requester, owner, django_asser
 
 
 @pytest.mark.django_db(transaction=True)
-def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_caller):
+def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_caller, settings):
+    settings.ACCOUNT_MAX_WAITING_REQUESTS = 100
     requester = make_caller("requester")
     owner = make_caller("owner")
     owner.pop("warmup")

@@ -48,12 +48,20 @@ def test_the_trust_action_changes_the_cap_of_the_next_pop_and_is_logged(moderato
     assert LogEntry.objects.filter(object_id=str(owner.account.pk)).count() == 2
 
 
-def test_a_moderator_changes_only_trust_and_the_deadline_limit(moderator, owner):
+def test_a_moderator_changes_only_trust_the_deadline_limit_and_the_waiting_bound(moderator, owner):
     page = f"/admin/workers/account/{owner.account.pk}/change/"
-    moderator.post(page, {"name": "renamed", "trusted": "on", "deadline_limit_ms": "5000"})
+    moderator.post(
+        page, {"name": "renamed", "trusted": "on", "deadline_limit_ms": "5000", "max_waiting_requests": "100"}
+    )
     account = Account.objects.get(pk=owner.account.pk)
     assert (account.name, account.trusted, account.deadline_limit_ms) == ("owner", True, 5000)
+    assert (account.max_waiting_requests, account.waiting_requests_limit) == (100, 100)
     assert moderator.get("/admin/workers/account/add/").status_code == 403
+    # Emptied, the account is back on the horde's default, and the list says so.
+    moderator.post(page, {"trusted": "on", "deadline_limit_ms": "5000", "max_waiting_requests": ""})
+    account.refresh_from_db()
+    assert (account.max_waiting_requests, account.waiting_requests_limit) == (None, 30)
+    assert "30 (default)" in moderator.get("/admin/workers/account/").content.decode()
 
 
 def test_maintenance_actions_enter_and_leave_with_a_reason_and_a_log(moderator, owner):
