@@ -26,8 +26,11 @@ class TextRequestQuerySet(models.QuerySet["TextRequest"]):
         return self.filter(state=TextRequest.State.ACTIVE, queued__gt=0)
 
     def ahead_of(self, request: "TextRequest") -> "TextRequestQuerySet":
+        """Queued requests before this one in the pop's order (fair rank, priority, age)."""
         return self.queued().filter(
-            Q(priority__gt=request.priority) | Q(priority=request.priority, created_at__lt=request.created_at)
+            Q(fair_rank__lt=request.fair_rank)
+            | Q(fair_rank=request.fair_rank, priority__gt=request.priority)
+            | Q(fair_rank=request.fair_rank, priority=request.priority, created_at__lt=request.created_at)
         )
 
 
@@ -59,6 +62,10 @@ class TextRequest(models.Model):
     trusted_workers = models.BooleanField(default=False)
     slow_workers = models.BooleanField(default=True)
     priority = models.IntegerField(default=0)
+    # The fair order across accounts: how many waiting or running requests the account had
+    # when this one was queued. The pop takes lower ranks first, so an account's 1,000th
+    # request waits behind every other account's first (docs/reference/horde_api.md).
+    fair_rank = models.PositiveIntegerField(default=0, db_default=0)
     n = models.PositiveSmallIntegerField(default=1)
     queued = models.PositiveSmallIntegerField(default=1)
     finished = models.PositiveSmallIntegerField(default=0)
@@ -78,6 +85,7 @@ class TextRequest(models.Model):
         indexes = [
             # The pop's filter and order: only requests with work to hand out.
             models.Index(
+                F("fair_rank").asc(),
                 F("priority").desc(),
                 F("created_at").asc(),
                 name="request_pop_queue",

@@ -97,10 +97,11 @@ def create_text_request(
     if dry_run:
         return None, kudos
     with transaction.atomic():
-        _admit(account)
+        fair_rank = _admit(account)
         request = TextRequest.objects.create(
             account=account,
             kind=TextRequest.Kind.TEXT,
+            fair_rank=fair_rank,
             prompt=prompt,
             params=params,
             max_length=max_length,
@@ -118,17 +119,20 @@ def create_text_request(
     return request, kudos
 
 
-def _admit(account: Account) -> None:
-    """Refuse a request past the account's bound of waiting or running requests.
+def _admit(account: Account) -> int:
+    """Refuse a request past the account's bound of waiting or running requests, or return
+    how many the account has: the new request's `fair_rank`.
 
     The account's row is locked until the caller's transaction ends, so two requests at once
-    cannot both take its last place; the count reads the `request_active_by_account` index.
+    cannot both take its last place (nor the same rank); the count reads the
+    `request_active_by_account` index.
     """
     Account.objects.select_for_update().filter(pk=account.pk).values_list("pk", flat=True).first()
     limit = account.waiting_requests_limit
     active = TextRequest.objects.filter(account_id=account.pk, state=TextRequest.State.ACTIVE)[:limit].count()
     if active >= limit:
         raise errors.TooManyPrompts(count=active, limit=limit)
+    return active
 
 
 def _expiry(now: datetime, deadline_at: datetime | None) -> datetime:
@@ -158,10 +162,11 @@ def create_chat_request(
     _require_known_models([model])
     prompt = render_chat_prompt(messages)
     with transaction.atomic():
-        _admit(account)
+        fair_rank = _admit(account)
         return TextRequest.objects.create(
             account=account,
             kind=TextRequest.Kind.CHAT,
+            fair_rank=fair_rank,
             prompt=prompt,
             messages=messages,
             params=params,
@@ -371,7 +376,9 @@ def pop_params(worker: Worker, *, trusted: bool, now: datetime) -> dict[str, Any
 def _pop_sql() -> str:
     """The best request this worker may be offered now, locked; with its tier for it.
 
-    Queue order is priority then age, on the partial index `request_pop_queue`; SKIP LOCKED
+    Queue order is fair across accounts, then priority, then age (`fair_rank`: an account's
+    waiting or running requests when the request was queued), on the partial index
+    `request_pop_queue`; SKIP LOCKED
     lets concurrent pops pass each other's rows instead of waiting or taking one twice.
 
     `OR %(plan_hint)s` (always false) is a hint for the generic plan, which does not know
@@ -393,7 +400,7 @@ def _pop_sql() -> str:
         WHERE r.state = 'active' AND r.queued > 0
           AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
                OR %(plan_hint)s::boolean)
-        ORDER BY r.priority DESC, r.created_at ASC
+        ORDER BY r.fair_rank ASC, r.priority DESC, r.created_at ASC
         LIMIT 1
         FOR UPDATE OF r SKIP LOCKED
     """

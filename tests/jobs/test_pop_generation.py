@@ -2,6 +2,7 @@
 
 import json
 import threading
+import uuid
 from collections import Counter
 
 import pytest
@@ -109,16 +110,43 @@ def test_an_unknown_key_is_InvalidAPIKey(owner):
     assert (refused.status_code, refused.json()["rc"]) == (401, "InvalidAPIKey")
 
 
-def test_the_pop_takes_the_highest_priority_then_the_oldest(requester, owner, time_machine):
+def test_among_equal_fair_ranks_the_pop_takes_the_highest_priority_then_the_oldest(
+    make_caller, owner, time_machine
+):
     time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
     owner.pop("w")
     ids = []
-    for _ in range(3):
-        ids.append(requester.request_text(models=["m1"]).json()["id"])
+    for index in range(3):  # each account's first request: all of fair rank 0
+        ids.append(make_caller(f"requester-{index}").request_text(models=["m1"]).json()["id"])
         time_machine.shift(1)
     TextRequest.objects.filter(pk=ids[2]).update(priority=5)
     popped = [Generation.objects.get(pk=owner.pop("w").json()["id"]).request_id for _ in range(3)]
     assert [str(p) for p in popped] == [ids[2], ids[0], ids[1]]
+
+
+def test_a_requests_fair_rank_is_its_accounts_waiting_or_running_requests_when_queued(requester, owner):
+    owner.pop("w")
+    first, second = (requester.request_text(models=["m1"]).json()["id"] for _ in range(2))
+    assert owner.pop("w").json()["id"]  # the first runs: it still counts
+    third = requester.request_text(models=["m1"]).json()["id"]
+    ranks = dict(TextRequest.objects.values_list("id", "fair_rank"))
+    assert [ranks[uuid.UUID(i)] for i in (first, second, third)] == [0, 1, 2]
+
+
+def test_after_one_account_queues_a_thousand_another_accounts_request_is_offered_within_two_pops(
+    requester, make_caller, owner, settings, time_machine
+):
+    settings.ACCOUNT_MAX_WAITING_REQUESTS = 2000
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=True)
+    owner.pop("w")
+    for index in range(1000):
+        assert requester.request_text(f"flood {index}", models=["m1"]).status_code == 202
+    light = make_caller("light").request_text("mine", models=["m1"]).json()["id"]
+    popped = [str(Generation.objects.get(pk=owner.pop("w").json()["id"]).request_id) for _ in range(2)]
+    assert light in popped
+    # And the heavy account's own requests keep their order among themselves.
+    heavy = [str(Generation.objects.get(pk=owner.pop("w").json()["id"]).request.fair_rank) for _ in range(3)]
+    assert heavy == sorted(heavy, key=int)
 
 
 @pytest.mark.parametrize(
