@@ -227,6 +227,8 @@ def _start_server(port: int, web_workers: int, env: dict[str, str] | None = None
             f"127.0.0.1:{port}",
             "--log-level",
             "warning",
+            "--forwarded-allow-ips",
+            "",
         ],
         cwd=ROOT,
         env=env or _env(),

@@ -74,6 +74,8 @@ def _env() -> dict[str, str]:
         "REDIS_URL": REDIS_URL,
         "DJANGO_SETTINGS_MODULE": "hordeops.settings",
         "LOG_LEVEL": "WARNING",
+        # Every requester here is 127.0.0.1: the streams, not the rate limits, are measured.
+        "ADDRESS_RATE_PER_SECOND": "0",
     }
 
 

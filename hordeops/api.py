@@ -15,7 +15,7 @@ from django.utils.deprecation import MiddlewareMixin
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from hordeops import errors
+from hordeops import errors, ratelimit
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,22 @@ class BodyLimitMiddleware(MiddlewareMixin):
                 request.META["CONTENT_LENGTH"] = str(length)
         if length > settings.MAX_REQUEST_BODY_BYTES:
             return error_response_for_path(request.path, errors.PayloadTooLarge())
+        return None
+
+
+class RateLimitMiddleware(MiddlewareMixin):
+    """The requester routes' token buckets (hordeops.ratelimit), before any route's work."""
+
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        if not ratelimit.is_requester_path(request.path):
+            return None
+        address = ratelimit.client_address(
+            request.META.get("REMOTE_ADDR", ""), request.headers.get("X-Forwarded-For", "")
+        )
+        api_key = ratelimit.api_key_of(request.headers)
+        wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=address))
+        if wait:
+            return error_response_for_path(request.path, errors.RateLimited(wait_seconds=wait))
         return None
 
 

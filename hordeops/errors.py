@@ -4,6 +4,8 @@ Services raise these; each API family maps them to its own error shape in one pl
 (`hordeops.api` for the horde routes).
 """
 
+import math
+
 
 class DomainError(Exception):
     code = "BadRequest"
@@ -68,6 +70,17 @@ class TooManyPrompts(DomainError):
             f"Parallel requests ({count}) exceeded user limit ({limit}). "
             "Please try again later or request to increase your concurrency."
         )
+
+
+class RateLimited(DomainError):
+    """A key or a client address sending faster than its token bucket refills."""
+
+    code = "RateLimited"
+    status = 429
+
+    def __init__(self, *, wait_seconds: float) -> None:
+        self.retry_after = max(1, math.ceil(wait_seconds))
+        super().__init__(f"Too many requests from this key or address: try again in {self.retry_after} s.")
 
 
 class InvalidAPIKey(DomainError):

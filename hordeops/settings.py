@@ -104,6 +104,19 @@ def env_secret_key(name: str, path: Path) -> str:
     )
 
 
+def env_networks(name: str) -> tuple:
+    """`10.0.0.1,192.168.0.0/16`: addresses and networks, as ip_network objects."""
+    import ipaddress
+
+    networks = []
+    for item in filter(None, (part.strip() for part in os.environ.get(name, "").split(","))):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfigured(f"{name} must be IP addresses or networks, comma-separated") from None
+    return tuple(networks)
+
+
 def database_from_url(url: str) -> dict:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
@@ -155,6 +168,14 @@ GENERATION_DEADLINE_ROUTE_LIMITS_MS = env_route_limits("GENERATION_DEADLINE_ROUT
 INTERNAL_HOP_SECRET = env_str("INTERNAL_HOP_SECRET", "")
 ACCOUNT_MAX_WAITING_REQUESTS = env_int("ACCOUNT_MAX_WAITING_REQUESTS", 30)
 ANONYMOUS_MAX_WAITING_REQUESTS = env_int("ANONYMOUS_MAX_WAITING_REQUESTS", 10)
+# Requester routes' token buckets (hordeops/ratelimit.py): per API key and per client address,
+# each refilling at its rate per second up to its burst; a rate of 0 turns that limit off.
+KEY_RATE_PER_SECOND = env_int("KEY_RATE_PER_SECOND", 10)
+KEY_RATE_BURST = env_int("KEY_RATE_BURST", 30)
+ADDRESS_RATE_PER_SECOND = env_int("ADDRESS_RATE_PER_SECOND", 20)
+ADDRESS_RATE_BURST = env_int("ADDRESS_RATE_BURST", 60)
+# Proxies whose X-Forwarded-For names the client (empty: the connection's peer is the client).
+TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -187,6 +208,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "hordeops.api.BodyLimitMiddleware",
+    "hordeops.api.RateLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

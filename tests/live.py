@@ -104,6 +104,8 @@ def _start_server(env: dict[str, str]) -> LiveServer:
             "off",
             "--timeout-graceful-shutdown",
             "2",
+            # The client address is the app's to decide (TRUSTED_PROXIES), as under bin/stack.
+            "--no-proxy-headers",
         ],
         cwd=ROOT,
         env=env,
@@ -143,6 +145,9 @@ def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterat
         "DATABASE_URL": database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "PYTHONUNBUFFERED": "1",
+        # Every test client is 127.0.0.1: no rate limits (tests/hordeops/test_rate_limits.py).
+        "KEY_RATE_PER_SECOND": "0",
+        "ADDRESS_RATE_PER_SECOND": "0",
     }
     failed_before = request.session.testsfailed
     stack = LiveStack()

@@ -1,0 +1,155 @@
+"""Requester routes are rate-limited per API key and per client address (hordeops.ratelimit)."""
+
+import ipaddress
+import threading
+
+import pytest
+from django.db import connections
+from django_redis import get_redis_connection
+
+from hordeops import ratelimit
+
+ASYNC = "/api/v2/generate/text/async"
+
+
+@pytest.fixture(autouse=True)
+def _limits(settings):
+    settings.KEY_RATE_PER_SECOND = 1
+    settings.KEY_RATE_BURST = 3
+    settings.ADDRESS_RATE_PER_SECOND = 1
+    settings.ADDRESS_RATE_BURST = 5
+    settings.TRUSTED_PROXIES = ()
+    settings.ACCOUNT_MAX_WAITING_REQUESTS = 100
+    client = get_redis_connection("default")
+    for key in client.scan_iter("hordeops:rate:*"):
+        client.delete(key)
+
+
+@pytest.fixture
+def served(owner):
+    owner.pop("text-worker", models=["m1"])
+
+
+def _ask(caller, address: str = "198.51.100.7", **headers):
+    return caller.post(ASYNC, {"prompt": "hi", "models": ["m1"]}, REMOTE_ADDR=address, **headers)
+
+
+def test_a_key_past_its_burst_is_429_in_the_horde_shape_with_retry_after(requester, served):
+    codes = [_ask(requester, f"198.51.100.{i}").status_code for i in range(4)]
+    assert codes == [202, 202, 202, 429]
+    refused = _ask(requester, "198.51.100.99")
+    assert refused.status_code == 429
+    assert refused.json()["rc"] == "RateLimited"
+    assert refused["retry-after"] == "1"
+
+
+def test_the_bucket_refills_at_its_rate(requester, served, time_machine):
+    time_machine.move_to("2026-06-01 08:00:00+00:00", tick=False)
+    assert [_ask(requester, f"198.51.100.{i}").status_code for i in range(4)] == [202, 202, 202, 429]
+    time_machine.shift(1.01)
+    assert _ask(requester, "198.51.100.50").status_code == 202
+    assert _ask(requester, "198.51.100.51").status_code == 429
+
+
+def test_an_address_past_its_burst_is_limited_whatever_key_it_uses(make_caller, served):
+    callers = [make_caller(f"neighbour-{i}") for i in range(6)]
+    codes = [_ask(caller, "203.0.113.5").status_code for caller in callers]
+    assert codes == [202] * 5 + [429]
+    assert _ask(callers[5], "203.0.113.6").status_code == 202  # another address
+
+
+def test_the_anonymous_key_is_limited_by_address_only(anonymous, served, settings):
+    settings.ANONYMOUS_MAX_WAITING_REQUESTS = 100
+    codes = [_ask(anonymous, f"192.0.2.{i}").status_code for i in range(8)]
+    assert codes == [202] * 8  # more than a key's burst of 3, from 8 addresses
+
+
+def test_a_refused_request_costs_the_other_bucket_nothing(requester, make_caller, served):
+    for i in range(3):
+        _ask(requester, f"198.51.100.{i}")
+    assert _ask(requester, "203.0.113.9").status_code == 429  # the key's bucket is empty
+    others = [make_caller(f"other-{i}") for i in range(5)]
+    assert [_ask(other, "203.0.113.9").status_code for other in others] == [202] * 5
+
+
+def test_chat_routes_are_limited_in_their_protocols_shape(requester, served):
+    for i in range(3):
+        _ask(requester, f"198.51.100.{i}")
+    body = {"model": "m1", "messages": [{"role": "user", "content": "hi"}]}
+    openai = requester.client.post(
+        "/v1/chat/completions", body, format="json", HTTP_AUTHORIZATION=f"Bearer {requester.api_key}"
+    )
+    assert openai.status_code == 429 and openai["retry-after"] == "1"
+    assert openai.json()["error"]["type"] == "rate_limit_error"
+    assert openai.json()["error"]["code"] == "rate_limited"
+    anthropic = requester.client.post(
+        "/v1/messages", {**body, "max_tokens": 5}, format="json", HTTP_X_API_KEY=requester.api_key
+    )
+    assert anthropic.status_code == 429
+    assert anthropic.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_status_reads_are_limited_and_worker_routes_are_not(requester, owner, served):
+    request_id = _ask(requester).json()["id"]
+    status = f"/api/v2/generate/text/status/{request_id}"
+    statuses = [
+        requester.client.get(status, HTTP_APIKEY=requester.api_key, REMOTE_ADDR="10.9.9.9").status_code
+        for _ in range(3)
+    ]
+    assert statuses == [200, 200, 429]
+    assert all(owner.pop("text-worker", models=["m1"]).status_code == 200 for _ in range(10))
+
+
+def test_x_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy(make_caller, served, settings):
+    callers = [make_caller(f"spoofer-{i}") for i in range(6)]
+    # From an untrusted peer, each request claims another address: all count as the peer's.
+    codes = [
+        _ask(caller, "203.0.113.5", HTTP_X_FORWARDED_FOR=f"192.0.2.{i}").status_code
+        for i, caller in enumerate(callers)
+    ]
+    assert codes == [202] * 5 + [429]
+
+    settings.TRUSTED_PROXIES = (ipaddress.ip_network("10.0.0.0/8"),)
+    proxied = [
+        _ask(caller, "10.0.0.2", HTTP_X_FORWARDED_FOR=f"192.0.2.{i}, 10.0.0.9").status_code
+        for i, caller in enumerate(callers)
+    ]
+    assert proxied == [202] * 6  # six clients behind our proxies
+
+
+def test_the_client_address_is_the_nearest_hop_that_is_not_a_trusted_proxy(settings):
+    settings.TRUSTED_PROXIES = (ipaddress.ip_network("10.0.0.0/8"), ipaddress.ip_network("::1/128"))
+    assert ratelimit.client_address("10.0.0.2", "6.6.6.6, 192.0.2.1, 10.0.0.7") == "192.0.2.1"
+    assert ratelimit.client_address("192.0.2.8", "6.6.6.6") == "192.0.2.8"  # not our proxy
+    assert ratelimit.client_address("10.0.0.2", "") == "10.0.0.2"
+    assert ratelimit.client_address("10.0.0.2", "10.1.1.1") == "10.0.0.2"  # only our own hops
+    assert ratelimit.client_address("::1", "not-an-ip, 192.0.2.3") == "192.0.2.3"
+    assert ratelimit.client_address("::1", "192.0.2.3, not-an-ip") == "not-an-ip"
+
+
+def test_a_zero_rate_turns_a_limit_off(requester, served, settings):
+    settings.KEY_RATE_PER_SECOND = 0
+    settings.ADDRESS_RATE_PER_SECOND = 0
+    assert all(_ask(requester).status_code == 202 for _ in range(10))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requests_at_once_take_no_more_tokens_than_the_burst(make_caller, settings):
+    requester, owner = make_caller("racer"), make_caller("racing-owner")
+    owner.pop("text-worker", models=["m1"])
+    start = threading.Barrier(12)
+    codes: list[int] = []
+
+    def send(i: int) -> None:
+        try:
+            start.wait()
+            codes.append(_ask(requester, f"198.51.100.{i}").status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(codes) == [202] * 3 + [429] * 9
