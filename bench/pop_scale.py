@@ -382,7 +382,7 @@ def _case(fleet: list, samples: int, rng: random.Random, case: str) -> dict:
 
     from jobs.models import TextRequest
     from jobs.services import _pop_sql
-    from workers.eligibility import capacity
+    from workers.capacity import capacity
     from workers.models import Worker
 
     table = Worker._meta.db_table

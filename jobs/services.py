@@ -18,9 +18,8 @@ from django.db import connection, transaction
 
 from hordeops import clock, errors, metrics
 from hordeops.rows import columns, fetch_instance
-from jobs import leases, relay
+from jobs import eligibility, leases, relay
 from jobs.models import Generation, TextRequest
-from workers import eligibility
 from workers.models import Account, Worker
 from workers.services import check_in_worker, required_api_key
 

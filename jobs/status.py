@@ -6,8 +6,8 @@ from typing import Any
 
 from django.conf import settings
 
+from jobs.eligibility import eligible_workers
 from jobs.models import Generation, TextRequest
-from workers.eligibility import eligible_workers
 
 
 def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from hordeops.rows import columns, fetch_instance
+from workers.capacity import capacity, online_since
 
 ANONYMOUS_API_KEY = "0000000000"
 ANONYMOUS_NAME = "Anonymous"
@@ -87,8 +88,6 @@ class Account(models.Model):
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def online(self, now: datetime) -> "WorkerQuerySet":
         """Workers that popped within WORKER_ONLINE_SECONDS (the eligibility rule's own test)."""
-        from workers.eligibility import online_since
-
         return self.filter(last_pop_at__gte=online_since(now))
 
 
@@ -143,13 +142,9 @@ class Worker(models.Model):
     @property
     def capacity(self) -> int:
         """Chat capacity in tokens (speed x the base lease's generating window)."""
-        from workers.eligibility import capacity
-
         return capacity(self.speed)
 
     def is_online(self, now: datetime) -> bool:
-        from workers.eligibility import online_since
-
         return self.last_pop_at >= online_since(now)
 
     def aborts_in_window(self, now: datetime) -> int:

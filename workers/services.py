@@ -2,7 +2,7 @@ from datetime import datetime
 
 from hordeops import errors
 from hordeops.rows import columns, fetch_instances
-from workers.eligibility import check_in_fresh_since
+from workers.capacity import check_in_fresh_since
 from workers.models import ANONYMOUS_API_KEY_HASH, Account, Worker, hash_api_key, new_api_key
 
 
@@ -46,7 +46,7 @@ def check_in_worker(
     One statement: the key's account is looked up; a new name creates the worker; a name of
     this account's updates what the worker declares and its last pop; a name owned by another
     account is refused, as is the anonymous account (it may not own workers). The last pop
-    is written only when it is older than `eligibility.check_in_fresh_since` (a tenth of the
+    is written only when it is older than `capacity.check_in_fresh_since` (a tenth of the
     online window), as the AI Horde debounces its check-in, unless something the worker
     declares changed: then it is written at once. Most pops thus write nothing: a worker
     row update touches five indexes, the GIN index of its models among them.

@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, Phase, event, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from jobs.eligibility import eligible_workers
 from jobs.models import TextRequest
 from jobs.services import _pop_sql, pop_params
 from jobs.status import request_status
-from workers.eligibility import eligible_workers
 from workers.models import Account, Worker, hash_api_key
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -3,7 +3,8 @@
 Seed 000 and the decisions it cites (contract section 7):
 
 - A worker's capacity is `speed x (TEXT_JOB_LEASE_SECONDS - TEXT_JOB_PREPARATION_SECONDS)`
-  tokens, its speed taken as UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND until measured.
+  tokens, its speed taken as UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND until measured
+  (`workers.capacity`, the worker's half of the rule).
 - For a chat job a worker is in one of three tiers:
     1. its capacity covers the job's max_length (it can finish inside the base lease);
     2. it cannot, but its capacity within its own cap, `speed x (cap - preparation)`, does
@@ -17,42 +18,19 @@ Seed 000 and the decisions it cites (contract section 7):
 
 The rule is written once, as SQL over a request row `r` and a worker row `w` with its account
 `wa`. The pop evaluates it for one worker across the queue; the status evaluates it for one
-request across the fleet; neither has a copy of its own.
+request across the fleet; neither has a copy of its own. It lives in `jobs`, the app that
+owns the pop, because it reads requests as much as workers; `workers` knows nothing of it.
 """
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 
-ONLINE = "{w}.last_pop_at >= %(online_since)s"
-
-
-def _generating_seconds(lease_seconds: int) -> int:
-    """Seconds of a lease left for generating, after the preparation allowance."""
-    return max(0, lease_seconds - settings.TEXT_JOB_PREPARATION_SECONDS)
-
-
-def lease_window_seconds() -> int:
-    return _generating_seconds(settings.TEXT_JOB_LEASE_SECONDS)
-
-
-def capacity(speed: float | None) -> int:
-    """A worker's chat capacity in tokens: what it can produce inside the base lease."""
-    effective = settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND if speed is None else speed
-    return int(effective * lease_window_seconds())
-
-
-def online_since(now: datetime) -> datetime:
-    """A worker that popped at or after this is online (the rule `ONLINE` applies in SQL)."""
-    return now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS)
-
-
-def check_in_fresh_since(now: datetime) -> datetime:
-    """A worker whose last pop is recorded at or after this is not written again by a pop
-    that declares nothing new: the record lags a worker's last pop by at most a tenth of
-    the online window (30 s of 300 by default, the AI Horde's check-in debounce)."""
-    return now - timedelta(seconds=settings.WORKER_ONLINE_SECONDS / 10)
+from jobs.models import TextRequest
+from workers.capacity import ONLINE_SQL, generating_seconds, lease_window_seconds, online_since
+from workers.models import Account, Worker
 
 
 def params(now: datetime) -> dict[str, Any]:
@@ -61,8 +39,8 @@ def params(now: datetime) -> dict[str, Any]:
         "online_since": online_since(now),
         "unmeasured": settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
         "window": lease_window_seconds(),
-        "trusted_window": _generating_seconds(settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
-        "untrusted_window": _generating_seconds(settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
+        "trusted_window": generating_seconds(settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
+        "untrusted_window": generating_seconds(settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
     }
 
 
@@ -91,12 +69,10 @@ def filters_sql(r: str, w: str, wa: str) -> str:
 
 def offer_sql(r: str = "r", w: str = "w", wa: str = "wa") -> str:
     """May worker `w` be offered request `r` now? Filters, then the tiered speed gate."""
-    from workers.models import Account, Worker
-
     better = (
         f"SELECT 1 FROM {Worker._meta.db_table} AS v JOIN {Account._meta.db_table} AS va"
         f" ON va.id = v.account_id"
-        f" WHERE {ONLINE.format(w='v')} AND {filters_sql(r, 'v', 'va')}"
+        f" WHERE {ONLINE_SQL.format(w='v')} AND {filters_sql(r, 'v', 'va')}"
         f" AND {tier_sql(r, 'v', 'va')} < {tier_sql(r, w, wa)}"
     )
     return f"({filters_sql(r, w, wa)} AND ({tier_sql(r, w, wa)} = 1 OR NOT EXISTS ({better})))"
@@ -108,17 +84,12 @@ def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
     `capable` counts those of tier 1: when it is 0 but `workers` is not, only over-capacity
     workers could take the request (the status route's `might_stall`).
     """
-    from django.db import connection
-
-    from jobs.models import TextRequest
-    from workers.models import Account, Worker
-
     sql = (
         f"SELECT count(*), coalesce(sum(w.threads), 0),"
         f" count(*) FILTER (WHERE {tier_sql('r', 'w', 'wa')} = 1), avg(w.speed)"
         f" FROM {TextRequest._meta.db_table} AS r,"
         f" {Worker._meta.db_table} AS w JOIN {Account._meta.db_table} AS wa ON wa.id = w.account_id"
-        f" WHERE r.id = %(request)s AND {ONLINE.format(w='w')} AND {offer_sql()}"
+        f" WHERE r.id = %(request)s AND {ONLINE_SQL.format(w='w')} AND {offer_sql()}"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, {**params(now), "request": request_id})
