@@ -24,7 +24,7 @@ The target (the issue): a large pop costs no more than three times a small one.
 
 Printed, as one JSON object: the machine (cores, the 1-minute load average between blocks:
 the machine may be shared, so read the figures against it); per scenario the pop's wall time
-(median, p90, mean), the part of it spent in the pop query alone (`jobs.services._pop_sql`,
+(median, p90, mean), the part of it spent in the pop query alone (`jobs.services.pop.pop_sql`,
 run with `pop_params`: the popping worker's values as constants), the share of pops that got
 a job and by fallback tier, and the SQL statements per pop; the large/small ratios and
 `target_met`. For the large fleet also: EXPLAIN (ANALYZE, BUFFERS) of the pop query for a
@@ -217,9 +217,9 @@ class _Statements:
     """An execute wrapper: counts the statements of a pop and times the pop query apart."""
 
     def __init__(self) -> None:
-        from jobs.services import _pop_sql
+        from jobs.services.pop import pop_sql
 
-        self.pop_sql = _pop_sql()
+        self.pop_sql = pop_sql()
         self.count = 0
         self.sql_seconds = 0.0
         self.pop_query_seconds = 0.0
@@ -328,7 +328,7 @@ class _Pops:
 
 
 def _params(worker, now) -> dict:
-    """What `pop_generation` passes to `_pop_sql`: the worker as it checked in, constants."""
+    """What `pop_generation` passes to `pop_sql`: the worker as it checked in, constants."""
     from jobs.services import pop_params
 
     return pop_params(worker, trusted=worker.account.trusted, now=now)
@@ -381,7 +381,7 @@ def _case(fleet: list, samples: int, rng: random.Random, case: str) -> dict:
     from django.utils import timezone
 
     from jobs.models import TextRequest
-    from jobs.services import _pop_sql
+    from jobs.services.pop import pop_sql
     from workers.capacity import capacity
     from workers.models import Worker
 
@@ -421,8 +421,8 @@ def _case(fleet: list, samples: int, rng: random.Random, case: str) -> dict:
         extra = (f"UPDATE {table} SET served_models = '{{{served[0]}}}' WHERE id = '{worker.pk}'",)
         params = _params(worker, now)
         if plan is None:
-            plan = _plan(_pop_sql(), params, setup + extra)
-        elapsed, chosen = _run_once(_pop_sql(), params, setup + extra)
+            plan = _plan(pop_sql(), params, setup + extra)
+        elapsed, chosen = _run_once(pop_sql(), params, setup + extra)
         times.append(elapsed)
         tiers["none" if chosen is None else str(chosen[1])] += 1
     return {
@@ -468,13 +468,11 @@ def _pick(fleet: list, slow: bool):
 def _explain_both(fleet: list) -> tuple[dict, list[str]]:
     from django.utils import timezone
 
-    from jobs.services import _pop_sql
+    from jobs.services.pop import pop_sql
 
     figures, plans = {}, []
     for label, worker in (("slow", _pick(fleet, slow=True)), ("fast", _pick(fleet, slow=False))):
-        figures[label], text = _explain(
-            _pop_sql(), _params(worker, timezone.now()), f"{label} worker", worker
-        )
+        figures[label], text = _explain(pop_sql(), _params(worker, timezone.now()), f"{label} worker", worker)
         plans.append(text)
     return figures, plans
 

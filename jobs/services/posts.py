@@ -1,0 +1,62 @@
+"""What a worker's progress post and submit share: whose generation it is, and why it is refused."""
+
+import logging
+from datetime import datetime
+from uuid import UUID
+
+from hordeops import errors
+from jobs.models import Generation, TextRequest
+from jobs.services.endings import cancel_request
+from workers.services import required_api_key
+
+logger = logging.getLogger(__name__)
+
+
+def _posted_generation(*, api_key: str | None, generation_id: UUID) -> Generation:
+    """The generation a worker posts to, once the key is known and owns its worker.
+
+    The key is checked in the generation's own statement: a bad key is refused before a bad
+    id, as when authenticating came first."""
+    post = Generation.objects.for_worker_post(generation_id, api_key=required_api_key(api_key))
+    if post is None:
+        raise errors.InvalidAPIKey()
+    generation = post.generation
+    if generation is None:
+        raise errors.InvalidJobID()
+    if generation.worker.account_id != post.caller.id:
+        raise errors.WrongCredentials()
+    return generation
+
+
+def _refusal(generation_id: UUID) -> errors.DomainError:
+    """The error for a submit or progress post on a generation that is no longer processing."""
+    generation = Generation.objects.filter(pk=generation_id).first()
+    if generation is None:
+        return errors.InvalidJobID()
+    if generation.state == Generation.State.DONE:
+        return errors.DuplicateGen()
+    if generation.state == Generation.State.CANCELLED:
+        return errors.GenerationCancelled()
+    if generation.state == Generation.State.FAULTED:
+        return errors.AbortedGen("This generation was given back as faulted and cannot be submitted.")
+    return errors.AbortedGen(
+        "This generation took too long to process and has been aborted as stale: "
+        f"{generation.lease_description()}. "
+        "Post progress while generating to renew the lease, or serve shorter jobs."
+    )
+
+
+def _too_long(text_request: TextRequest) -> errors.OutputTooLong:
+    return errors.OutputTooLong(
+        f"This job asked for at most {text_request.max_length} tokens, so its output may be at most "
+        f"{text_request.output_limit_bytes} bytes of UTF-8 in all "
+        f"({TextRequest.OUTPUT_BYTES_PER_TOKEN} a token plus {TextRequest.OUTPUT_ALLOWANCE_BYTES}).",
+        limit_bytes=text_request.output_limit_bytes,
+    )
+
+
+def _refuse_past_deadline(text_request: TextRequest, now: datetime) -> None:
+    """Past the requester's deadline the job is cancelled, whatever the pass has done yet."""
+    if text_request.deadline_at and now >= text_request.deadline_at:
+        cancel_request(request_id=text_request.pk, reason=errors.GenerationDeadlineExceeded.code, now=now)
+        raise errors.GenerationCancelled("The requester's generation deadline ran out.")

@@ -1,0 +1,97 @@
+"""A chat worker's progress post: relay its delta and renew its lease (jobs.leases decides)."""
+
+import logging
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from django.db import connection
+
+from hordeops import clock, errors
+from jobs import leases
+from jobs.models import Generation, TextRequest
+from jobs.services.posts import _posted_generation, _refusal, _refuse_past_deadline, _too_long
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProgressResult:
+    lease: str  # granted, at_cap, not_renewed or lapsed
+    expires_at: datetime
+    ttl: int  # whole seconds left
+
+
+def record_progress(
+    *,
+    api_key: str | None,
+    generation_id: UUID,
+    seq: int,
+    delta: str,
+    tokens: int | None,
+    now: datetime | None = None,
+) -> ProgressResult:
+    """Relay a chat worker's new output and renew its lease when the output is new.
+
+    The Lua script decides and relays atomically in Redis; a granted renewal is then written
+    to the generation row as its new job_ttl, which is what the stale pass reads. If the pass
+    aborted the generation in between, the write finds it gone: the lease is killed and the
+    worker told, so that no generation is ever aborted with a live stream lease.
+    """
+    now = now or clock.now()
+    generation = _posted_generation(api_key=api_key, generation_id=generation_id)
+    if generation.state != Generation.State.PROCESSING:
+        raise _refusal(generation.pk)
+    if generation.request.kind != TextRequest.Kind.CHAT:
+        raise errors.BadRequest("Progress posts are for chat jobs; a text job keeps its flat lease.")
+    _refuse_past_deadline(generation.request, now)
+    renewal = leases.renew(
+        generation_id=generation.pk,
+        request_id=generation.request_id,
+        popped_at=generation.popped_at,
+        job_ttl=generation.job_ttl,
+        cap_seconds=generation.cap_seconds,
+        trusted=generation.trusted_at_pop,
+        seq=seq,
+        delta=delta,
+        tokens=tokens,
+        output_limit=generation.request.output_limit_bytes,
+        now=now,
+    )
+    outcome = renewal.outcome
+    if outcome == "dead":
+        raise _refusal(generation.pk)
+    if outcome == "too_long":
+        raise _too_long(generation.request)
+    if outcome == "gap":
+        raise errors.ProgressOutOfOrder(
+            f"Progress seq {seq} skips ahead: the last accepted seq is {renewal.last_seq}.",
+            last_seq=renewal.last_seq,
+        )
+    if outcome == "granted":
+        # The Redis lease end to the millisecond, rounded up (never short of it; the rounding
+        # to microseconds first drops float noise) and never past the cap.
+        seconds = round(renewal.lease_end - generation.popped_at.timestamp(), 6)
+        job_ttl = min(generation.cap_seconds, math.ceil(seconds * 1000) / 1000)
+        with connection.cursor() as cursor:
+            cursor.execute(_RENEW_SQL, [job_ttl, generation.pk])
+            written = cursor.rowcount
+        if not written:
+            leases.kill([generation.pk])
+            raise _refusal(generation.pk)
+    if outcome == "retry":
+        outcome = "lapsed" if now.timestamp() > renewal.lease_end else "not_renewed"
+    return ProgressResult(
+        lease=outcome,
+        expires_at=renewal.expires_at,
+        ttl=max(0, math.floor(renewal.lease_end - now.timestamp())),
+    )
+
+
+# The lease a granted renewal moved, written where the stale pass reads it (raw: the ORM's
+# compiling of this update cost more than running it).
+_RENEW_SQL = (
+    f"UPDATE {Generation._meta.db_table} SET job_ttl = %s, renewals = renewals + 1"
+    " WHERE id = %s AND state = 'processing'"
+)

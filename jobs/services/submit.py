@@ -1,0 +1,130 @@
+"""A worker's submit: accept its result once, or take the job back when it gives it up."""
+
+import json
+import logging
+from collections import Counter as Tally
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import connection, transaction
+
+from hordeops import clock
+from jobs import leases, relay
+from jobs.models import Generation, TextRequest
+from jobs.services.endings import _count_aborts, _relay_restarts, _restart_requests
+from jobs.services.posts import _posted_generation, _refusal, _refuse_past_deadline, _too_long
+from jobs.services.requests import estimate_tokens
+from workers.models import Worker
+
+logger = logging.getLogger(__name__)
+
+
+def submit_generation(
+    *,
+    api_key: str | None,
+    generation_id: UUID,
+    text: str,
+    state: str,
+    seed: int,
+    gen_metadata: list[dict[str, Any]],
+    now: datetime | None = None,
+) -> float:
+    """Accept a worker's result, or its giving the job back; return the reward."""
+    now = now or clock.now()
+    generation = _posted_generation(api_key=api_key, generation_id=generation_id)
+    _refuse_past_deadline(generation.request, now)
+    if state == "faulted":
+        _give_back(generation, now)
+        return 0.0
+
+    text_request = generation.request
+    if len(text.encode()) > text_request.output_limit_bytes:
+        raise _too_long(text_request)
+    tokens = estimate_tokens(text, text_request.max_length)
+    if text_request.kind == TextRequest.Kind.CHAT:
+        # A streaming worker's own running count beats the four-characters estimate.
+        reported = leases.state(generation.pk).get("tokens")
+        tokens = int(reported) if reported else tokens
+    elapsed = max((now - generation.popped_at).total_seconds(), 0.001)
+    reward = round(tokens / 10, 2)
+    # One statement, so one implicit transaction: the compare-and-set on the generation (of
+    # this submit and the stale pass, whichever gets the row first wins; the other sees
+    # state != processing and changes nothing), the request's count and the worker's speed.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _ACCEPT_SQL,
+            {
+                "id": generation.pk,
+                "now": now,
+                "text": text,
+                "result": state,
+                "seed": seed,
+                "gen_metadata": json.dumps(gen_metadata),
+                "tokens": tokens,
+                "reward": reward,
+                "sample": tokens / elapsed,
+                "window": Worker.SPEED_WINDOW,
+            },
+        )
+        (accepted,) = cursor.fetchone()
+    if not accepted:
+        raise _refusal(generation.pk)
+    if text_request.kind == TextRequest.Kind.CHAT:
+        finish = "length" if tokens >= text_request.max_length else "stop"
+        transaction.on_commit(
+            lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish)
+        )
+    return reward
+
+
+_ACCEPT_SQL = f"""
+    WITH accepted AS (
+        UPDATE {Generation._meta.db_table} SET
+            state = 'done', finished_at = %(now)s, text = %(text)s, result = %(result)s,
+            seed = %(seed)s, gen_metadata = %(gen_metadata)s::jsonb, tokens = %(tokens)s,
+            reward = %(reward)s
+        WHERE id = %(id)s AND state = 'processing'
+        RETURNING request_id, worker_id
+    ),
+    counted AS (
+        UPDATE {TextRequest._meta.db_table} AS t SET
+            finished = t.finished + 1,
+            state = CASE WHEN t.state = 'active' AND t.finished >= t.n - 1 AND t.queued = 0
+                         THEN 'done' ELSE t.state END
+        FROM accepted AS a WHERE t.id = a.request_id
+        RETURNING t.id
+    ),
+    -- The speed is computed from the row itself, so concurrent submits by one worker both land.
+    measured AS (
+        UPDATE {Worker._meta.db_table} AS w SET
+            speed_samples = (w.speed_samples || %(sample)s::float8)
+                [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):],
+            speed = (SELECT avg(x) FROM unnest(
+                (w.speed_samples || %(sample)s::float8)
+                    [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):]) AS x),
+            completed_jobs = w.completed_jobs + 1
+        FROM accepted AS a WHERE w.id = a.worker_id
+        RETURNING w.id
+    )
+    -- Data-modifying WITH statements always run to completion, read or not.
+    SELECT count(*) FROM accepted
+"""
+
+
+def _relay_done(request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str) -> None:
+    leases.kill([generation_id])
+    relay.publish(request_id, relay.DONE, generation_id, text=text, tokens=tokens, finish_reason=finish)
+
+
+def _give_back(generation: Generation, now: datetime) -> None:
+    """`state: "faulted"`: the worker returns the job; restart it and count an abort."""
+    with transaction.atomic():
+        given_back = Generation.objects.filter(pk=generation.pk, state=Generation.State.PROCESSING).update(
+            state=Generation.State.FAULTED, finished_at=now
+        )
+        if not given_back:
+            raise _refusal(generation.pk)
+        outcomes = _restart_requests(Tally([generation.request_id]))
+        _count_aborts(Tally([generation.worker_id]), now)
+        transaction.on_commit(lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)]))
