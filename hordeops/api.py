@@ -3,6 +3,7 @@
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions
@@ -22,8 +23,33 @@ logger = logging.getLogger(__name__)
 VALIDATION_MESSAGE = "Input payload validation failed"
 
 
+def horde_body(message: str, rc: str, **extra: Any) -> dict[str, Any]:
+    """The horde family's one error envelope (the AI Horde's `{"message", "rc"}`)."""
+    return {"message": message, "rc": rc, **extra}
+
+
 def horde_error(message: str, rc: str, status: int, **extra: Any) -> Response:
-    return Response({"message": message, "rc": rc, **extra}, status=status)
+    """The envelope as a DRF answer, for the horde routes' views and exception handler."""
+    return Response(horde_body(message, rc, **extra), status=status)
+
+
+def horde_json(err: errors.DomainError) -> JsonResponse:
+    """The envelope of a domain error as a plain Django answer, outside DRF, with its headers."""
+    return JsonResponse(
+        horde_body(err.message, err.code, **err.extra),
+        status=err.status,
+        headers=errors.response_headers(err, err.status),
+    )
+
+
+# The error shape of each API family other than the horde's, by path prefix. An app registers
+# its own when it is ready (jobs registers the chat protocols' for /v1/), so that this base
+# module imports no app.
+ERROR_SHAPES: dict[str, Callable[[str, errors.DomainError], HttpResponse]] = {}
+
+
+def register_error_shape(prefix: str, shape: Callable[[str, errors.DomainError], HttpResponse]) -> None:
+    ERROR_SHAPES[prefix] = shape
 
 
 def _flatten_errors(detail: Any, prefix: str = "") -> dict[str, str]:
@@ -87,12 +113,10 @@ def _is_api_path(path: str) -> bool:
 
 def error_response_for_path(path: str, err: errors.DomainError) -> HttpResponse:
     """A domain error in the error shape of the API family that serves `path`."""
-    if path.startswith("/v1/"):
-        from jobs.protocols import protocol_for_path
-
-        return protocol_for_path(path).error_response(err)
-    headers = errors.response_headers(err, err.status)
-    return JsonResponse({"message": err.message, "rc": err.code}, status=err.status, headers=headers)
+    for prefix, shape in ERROR_SHAPES.items():
+        if path.startswith(prefix):
+            return shape(path, err)
+    return horde_json(err)
 
 
 def _unannounced_body_length(request: HttpRequest) -> int:
@@ -154,15 +178,14 @@ class RateLimitMiddleware(MiddlewareMixin):
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    return JsonResponse({"message": "Not found.", "rc": "NotFound"}, status=404)
+    return horde_json(errors.NotFound())
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    return JsonResponse({"message": "Internal server error.", "rc": "InternalError"}, status=500)
+    return horde_json(errors.InternalError())
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if isinstance(exception, RequestDataTooBig):
-        err = errors.PayloadTooLarge()
-        return JsonResponse({"message": err.message, "rc": err.code}, status=err.status)
-    return JsonResponse({"message": "Bad request.", "rc": "BadRequest"}, status=400)
+        return horde_json(errors.PayloadTooLarge())
+    return horde_json(errors.BadRequest("Bad request."))

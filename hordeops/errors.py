@@ -36,6 +36,18 @@ class BadRequest(DomainError):
     code = "BadRequest"
 
 
+class NotFound(DomainError):
+    code = "NotFound"
+    status = 404
+    default_message = "Not found."
+
+
+class InternalError(DomainError):
+    code = "InternalError"
+    status = 500
+    default_message = "Internal server error."
+
+
 class NulByteInPayload(DomainError):
     code = "NulByteInPayload"
     default_message = "The payload contains a NUL byte, which is not accepted."

@@ -5,7 +5,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.serializers import HeartbeatOutput, HordeErrorOutput
+from hordeops import errors
+from hordeops.api import horde_error
+from hordeops.serializers import HeartbeatOutput, HordeErrorOutput
 
 VERSION = "2.5.0"
 
@@ -30,8 +32,5 @@ class HeartbeatView(APIView):
     def get(self, request: Request) -> Response:
         down = _reachable()
         if down:
-            return Response(
-                {"message": f"Cannot reach {' and '.join(down)}.", "rc": "ServiceUnavailable"},
-                status=503,
-            )
+            return horde_error(f"Cannot reach {' and '.join(down)}.", errors.ServiceUnavailable.code, 503)
         return Response({"message": "OK", "version": VERSION})

@@ -6,6 +6,10 @@ class JobsConfig(AppConfig):
     verbose_name = "Requests and generations"
 
     def ready(self) -> None:
-        from hordeops import metrics
+        from hordeops import api, metrics
+        from jobs.protocols import protocol_for_path
 
         metrics.register()
+        # The /v1 routes answer errors in their protocol's shape, wherever the error is raised
+        # (the body limits, the rate limits, a 404 under /v1/).
+        api.register_error_shape("/v1/", lambda path, err: protocol_for_path(path).error_response(err))

@@ -5,6 +5,8 @@ import threading
 from django.utils.functional import cached_property
 from rest_framework import serializers
 
+from hordeops.serializers import HordeErrorOutput  # noqa: F401  (the horde routes' error shape)
+
 
 class StrictCharField(serializers.CharField):
     """A string, and only a string: numbers and booleans are wrong types here."""
@@ -223,13 +225,3 @@ class ProgressOutput(serializers.Serializer):
 
 class SubmitOutput(serializers.Serializer):
     reward = serializers.FloatField()
-
-
-class HordeErrorOutput(serializers.Serializer):
-    message = serializers.CharField()
-    rc = serializers.CharField()
-
-
-class HeartbeatOutput(serializers.Serializer):
-    message = serializers.CharField()
-    version = serializers.CharField()
