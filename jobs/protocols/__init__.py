@@ -1,0 +1,36 @@
+"""The client chat protocols, a module each over a shared base (`jobs.protocols.base`)."""
+
+from jobs.protocols.anthropic_messages import AnthropicMessages
+from jobs.protocols.base import (
+    DEFAULT_REPLY_TOKENS,
+    MAX_REPLY_TOKENS,
+    ChatCall,
+    ChatProtocol,
+    Reply,
+    Usage,
+    sse,
+)
+from jobs.protocols.openai_chat import OpenAIChat
+from jobs.protocols.openai_responses import OpenAIResponses
+
+PROTOCOLS: dict[str, ChatProtocol] = {p.path: p() for p in (OpenAIChat, OpenAIResponses, AnthropicMessages)}
+
+
+def protocol_for_path(path: str) -> ChatProtocol:
+    return PROTOCOLS.get(path.rstrip("/"), PROTOCOLS[OpenAIChat.path])
+
+
+__all__ = [
+    "DEFAULT_REPLY_TOKENS",
+    "MAX_REPLY_TOKENS",
+    "PROTOCOLS",
+    "AnthropicMessages",
+    "ChatCall",
+    "ChatProtocol",
+    "OpenAIChat",
+    "OpenAIResponses",
+    "Reply",
+    "Usage",
+    "protocol_for_path",
+    "sse",
+]

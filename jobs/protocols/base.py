@@ -1,0 +1,166 @@
+"""What every client chat protocol shares: the call and reply types, the SSE encoding, the
+input helpers and `ChatProtocol`, the base each protocol (a module each, beside this one)
+fills in.
+
+The relay core (`jobs.chat`) is the same for every protocol; a protocol only says how a
+request looks and how each thing the core has to say is written on the wire:
+
+- `parse(body)` -> `ChatCall`, raising `ProtocolValidationError` for a body that does not fit;
+- `reply_id(request_id)`, `response(...)` for a plain answer;
+- `stream_start`, `stream_delta`, `stream_end`, `stream_error` for a stream: each returns the
+  SSE chunks to send, in order;
+- `error_response(err)` for any `DomainError` before anything was sent.
+"""
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.http import JsonResponse
+from rest_framework import serializers
+
+from hordeops import errors
+
+MAX_REPLY_TOKENS = 16384
+DEFAULT_REPLY_TOKENS = 1024
+MAX_MESSAGES = 1000
+# The horde's own bounds on `stop_sequence` (as on the text routes' `params`).
+MAX_STOP_SEQUENCES = 128
+MAX_STOP_SEQUENCE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    """A parsed chat request, whatever protocol it came in."""
+
+    model: str
+    messages: list[dict[str, str]]
+    max_tokens: int
+    stream: bool
+    params: dict[str, Any]
+
+
+@dataclass
+class Reply:
+    """What a protocol needs to know to write one reply, and what it has written of it so far."""
+
+    id: str
+    model: str
+    prompt_tokens: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+    # The next `sequence_number`, for a protocol that numbers its stream events (Responses).
+    sequence: int = 0
+    # The text sent in stream deltas so far, for a protocol that repeats it at the end.
+    streamed: list[str] = field(default_factory=list)
+
+    def next_sequence(self) -> int:
+        number = self.sequence
+        self.sequence += 1
+        return number
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def sse(data: Any, event: str | None = None) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+def snake(code: str) -> str:
+    """`InvalidAPIKey` -> `invalid_api_key`, `InvalidJSON` -> `invalid_json`."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", code).lower()
+
+
+def joined_text(value: Any, part_types: tuple[str, ...]) -> str | None:
+    """A string, or the text of a list of `{"type": <one of part_types>, "text": str}` parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(part, dict) and part.get("type") in part_types and isinstance(part.get("text"), str)
+        for part in value
+    ):
+        return "".join(part["text"] for part in value)
+    return None
+
+
+class MessageInput(serializers.Serializer):
+    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant", "tool"])
+    content = serializers.JSONField()
+
+    def validate_content(self, value: Any) -> str:
+        text = joined_text(value, ("text",))
+        if text is None:
+            raise serializers.ValidationError("content must be a string or a list of text parts.")
+        return text
+
+
+def stop_list(value: Any, *, max_items: int, what: str) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or len(stops) > max_items or not all(isinstance(s, str) for s in stops):
+        raise serializers.ValidationError(f"{what} must be a string or a list of up to {max_items} strings.")
+    return stops
+
+
+def first_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
+    """The first field and message of a DRF error tree, as OpenAI's `param` and message."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = None if key == "non_field_errors" else key
+            path = ".".join(p for p in (prefix, name) if p)
+            return first_error(value, path)
+    if isinstance(detail, list) and detail:
+        for index, item in enumerate(detail):
+            if item:
+                if isinstance(item, (dict, list)):
+                    return first_error(item, f"{prefix}.{index}" if prefix else str(index))
+                return prefix or None, str(item)
+    return prefix or None, str(detail)
+
+
+def validated(serializer: serializers.Serializer) -> dict[str, Any]:
+    if not serializer.is_valid():
+        param, message = first_error(serializer.errors)
+        raise errors.ProtocolValidationError(message, param=param)
+    return serializer.validated_data
+
+
+def sampling(data: dict[str, Any], stops: list[str]) -> dict[str, Any]:
+    """The horde `params` of a chat call: sampling knobs that were given, and stop strings."""
+    params: dict[str, Any] = {}
+    if data.get("temperature") is not None:
+        params["temperature"] = data["temperature"]
+    if data.get("top_p") is not None:
+        params["top_p"] = data["top_p"]
+    if stops:
+        params["stop_sequence"] = stops
+    return params
+
+
+class ChatProtocol:
+    """What every protocol shares: the HTTP status of an error and its retry header."""
+
+    path = ""
+    # Where the client APIs' status for a case differs from the horde's.
+    STATUS = {"UnknownModel": 404}
+
+    def status_of(self, err: errors.DomainError) -> int:
+        return self.STATUS.get(err.code, err.status)
+
+    def error_body(self, err: errors.DomainError) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def error_response(self, err: errors.DomainError) -> JsonResponse:
+        status = self.status_of(err)
+        return JsonResponse(self.error_body(err), status=status, headers=errors.response_headers(err, status))

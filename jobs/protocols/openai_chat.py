@@ -1,0 +1,107 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`)."""
+
+from typing import Any
+
+from rest_framework import serializers
+
+from hordeops import errors
+from jobs.protocols.base import (
+    DEFAULT_REPLY_TOKENS,
+    MAX_MESSAGES,
+    MAX_REPLY_TOKENS,
+    ChatCall,
+    MessageInput,
+    Reply,
+    Usage,
+    sampling,
+    sse,
+    stop_list,
+    validated,
+)
+from jobs.protocols.openai_errors import OpenAIErrors
+from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
+
+
+class ChatCompletionInput(serializers.Serializer):
+    model = StrictCharField(max_length=255)
+    messages = MessageInput(many=True, allow_empty=False, max_length=MAX_MESSAGES)
+    max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True)
+    max_completion_tokens = StrictIntegerField(
+        min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True
+    )
+    stream = StrictBooleanField(default=False)
+    n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
+    temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
+    top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
+    stop = serializers.JSONField(required=False, allow_null=True)
+
+    def validate_stop(self, value: Any) -> list[str]:
+        return stop_list(value, max_items=4, what="stop")
+
+
+class OpenAIChat(OpenAIErrors):
+    """OpenAI Chat Completions: `chat.completion` objects and `chat.completion.chunk` events."""
+
+    path = "/v1/chat/completions"
+
+    def parse(self, body: Any) -> ChatCall:
+        data = validated(ChatCompletionInput(data=body))
+        max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or DEFAULT_REPLY_TOKENS
+        return ChatCall(
+            model=data["model"],
+            messages=[dict(m) for m in data["messages"]],
+            max_tokens=max_tokens,
+            stream=data["stream"],
+            params=sampling(data, data.get("stop") or []),
+        )
+
+    def _chunk(self, reply: Reply, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
+        return {
+            "id": reply.id,
+            "object": "chat.completion.chunk",
+            "created": reply.created,
+            "model": reply.model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+
+    def stream_start(self, reply: Reply) -> list[str]:
+        return [sse(self._chunk(reply, {"role": "assistant", "content": ""}, None))]
+
+    def stream_delta(self, reply: Reply, text: str) -> list[str]:
+        return [sse(self._chunk(reply, {"content": text}, None))]
+
+    def stream_end(self, reply: Reply, finish_reason: str, usage: Usage) -> list[str]:
+        final = self._chunk(reply, {}, finish_reason)
+        final["usage"] = self._usage(usage)
+        return [sse(final), sse("[DONE]")]
+
+    def stream_error(self, reply: Reply, err: errors.DomainError) -> list[str]:
+        # No [DONE] after an error: the stream simply ends.
+        return [sse(self.error_body(err))]
+
+    def _usage(self, usage: Usage) -> dict[str, int]:
+        return {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+        }
+
+    def response(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        return {
+            "id": reply.id,
+            "object": "chat.completion",
+            "created": reply.created,
+            "model": reply.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": self._usage(usage),
+        }
+
+    def reply_id(self, request_id: str) -> str:
+        return f"chatcmpl-{request_id}"
