@@ -25,6 +25,10 @@ django.setup(set_prefix=False)
 class HordeASGIHandler(ASGIHandler):
     """Django's ASGI handler, with sync views served as under WSGI, on threads that last.
 
+    Checked against Django 5.2: the internals it calls or overrides (`read_body`,
+    `create_request`, `send_response`, `handle`, `load_middleware`, the response's
+    `_handler_class`) are pinned by tests/hordeops/test_asgi_django_internals.py.
+
     Under ASGI, Django runs each `MiddlewareMixin` middleware's process_request and
     process_response through `sync_to_async` (23 thread hops a request with this project's
     middleware, counted in tests/hordeops/test_asgi.py), its request signals and the
