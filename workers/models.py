@@ -1,7 +1,7 @@
 import hashlib
 import secrets
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cache
 
 from django.conf import settings
@@ -96,6 +96,10 @@ class Worker(models.Model):
 
     # How many completed jobs the rolling speed averages over (the AI Horde's window).
     SPEED_WINDOW = 20
+    # Aborts are counted in windows of an hour from the first abort (seed 000: more than
+    # WORKER_ABORT_MAINTENANCE_THRESHOLD within an hour means maintenance). The window
+    # includes its last instant: a start exactly an hour ago still counts, the stricter reading.
+    ABORT_WINDOW = timedelta(hours=1)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=100, unique=True)
@@ -149,8 +153,7 @@ class Worker(models.Model):
 
     def aborts_in_window(self, now: datetime) -> int:
         """Aborts counted in the current one-hour window (0 once it has passed)."""
-        start = self.aborts_window_start
-        if start is None or (now - start).total_seconds() > 3600:
+        if self.aborts_window_start is None or self.aborts_window_start < now - self.ABORT_WINDOW:
             return 0
         return self.aborted_jobs
 

@@ -5,7 +5,7 @@ import json
 import logging
 import math
 from collections import Counter as Tally
-from datetime import datetime, timedelta
+from datetime import datetime
 from uuid import UUID
 
 from django.conf import settings
@@ -144,7 +144,8 @@ def _count_aborts(counts: Tally, now: datetime) -> list[str]:
     faulted submit racing the pass both count.
     """
     ids, added = zip(*counts.items(), strict=False)
-    expired = "(w.aborts_window_start IS NULL OR w.aborts_window_start <= %(window_start)s)"
+    # The window's one reading (`Worker.ABORT_WINDOW`, as `Worker.aborts_in_window` reads it).
+    expired = "(w.aborts_window_start IS NULL OR w.aborts_window_start < %(window_start)s)"
     new = f"(CASE WHEN {expired} THEN v.added ELSE w.aborted_jobs + v.added END)"
     over = f"({new} > %(threshold)s)"
     with connection.cursor() as cursor:
@@ -165,7 +166,7 @@ def _count_aborts(counts: Tally, now: datetime) -> list[str]:
                 "ids": list(ids),
                 "added": list(added),
                 "now": now,
-                "window_start": now - timedelta(hours=1),
+                "window_start": now - Worker.ABORT_WINDOW,
                 "threshold": settings.WORKER_ABORT_MAINTENANCE_THRESHOLD,
                 "reason": MAINTENANCE_REASON,
             },

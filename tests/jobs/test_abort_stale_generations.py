@@ -1,5 +1,6 @@
 """The stale pass: leases that lapsed are aborted, their requests restarted."""
 
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -139,6 +140,29 @@ def test_aborts_older_than_an_hour_do_not_count_towards_maintenance(requester, o
     abort_stale_generations()
     worker = Worker.objects.get(name="w")
     assert (worker.maintenance, worker.aborted_jobs) == (False, 1)
+
+
+def test_the_abort_window_includes_its_last_instant_in_the_pass_and_on_the_worker(owner, clock):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.services.endings import _count_aborts
+
+    owner.pop("w")
+    worker = Worker.objects.get(name="w")
+    now = timezone.now()
+    Worker.objects.filter(pk=worker.pk).update(aborts_window_start=now - timedelta(hours=1), aborted_jobs=3)
+    worker.refresh_from_db()
+    assert worker.aborts_in_window(now) == 3  # exactly an hour old: still the same window
+    _count_aborts(Counter([worker.pk]), now)
+    worker.refresh_from_db()
+    assert (worker.aborted_jobs, worker.aborts_window_start) == (4, now - timedelta(hours=1))
+    later = now + timedelta(microseconds=1)
+    assert worker.aborts_in_window(later) == 0  # past the hour, on both sides
+    _count_aborts(Counter([worker.pk]), later)
+    worker.refresh_from_db()
+    assert (worker.aborted_jobs, worker.aborts_window_start) == (1, later)
 
 
 def test_a_request_past_its_lifetime_expires_and_its_generation_is_cancelled(
