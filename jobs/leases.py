@@ -7,8 +7,10 @@ atomically: two posts at once can neither both renew nor interleave their deltas
 pass marks the leases it aborts `dead`, so that no later post can renew or relay for them.
 """
 
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from uuid import UUID
 
 from django.conf import settings
@@ -17,15 +19,43 @@ from django_redis import get_redis_connection
 from hordeops import metrics
 from jobs.relay import APPEND_LUA, KEY_GRACE_SECONDS, relay_key
 
+
+class Outcome(StrEnum):
+    """What the lease script decided for one progress post (the script writes these values)."""
+
+    GRANTED = "granted"  # new output: the lease end moved
+    AT_CAP = "at_cap"  # new output, but the lease end is held at the cap
+    NOT_RENEWED = "not_renewed"  # an empty delta: relayed nothing, renewed nothing
+    LAPSED = "lapsed"  # new output after the lease end: relayed, not renewed
+    RETRY = "retry"  # a seq already taken: nothing done again
+    GAP = "gap"  # a seq past the next one: refused
+    DEAD = "dead"  # the lease was ended (aborted, cancelled, submitted): refused
+    TOO_LONG = "too_long"  # past the job's output bound: refused
+
+
+# What a worker is told, of the outcomes it is told at all (the progress answer's `lease`).
+ANSWERED = (Outcome.GRANTED, Outcome.AT_CAP, Outcome.NOT_RENEWED, Outcome.LAPSED)
+
+
+def cap_seconds(*, trusted: bool) -> int:
+    """The lease cap fixed at the pop, measured from it: tighter for an untrusted worker."""
+    if trusted:
+        return settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
+    return settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
+
+
+def initial_job_ttl(cap: int) -> int:
+    """The lease from the pop: TEXT_JOB_LEASE_SECONDS, never past the cap."""
+    return min(settings.TEXT_JOB_LEASE_SECONDS, cap)
+
+
 # KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
 #       key ttl, tokens, minute hash ttl, output limit (bytes).
 # Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
 # lapsed, retry, gap, dead, too_long (the delta would take the output past its limit: it is
 # neither relayed nor counted, and its seq is not taken).
-RENEW_SCRIPT = (
-    APPEND_LUA
-    + """
+_RENEW_LUA = """
 local lease, relay, counters, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
 local seq = tonumber(ARGV[2])
@@ -43,48 +73,52 @@ if redis.call('EXISTS', lease) == 0 then
              'last_seq', 0, 'output_len', 0)
   redis.call('EXPIRE', lease, tonumber(ARGV[10]))
 end
-local state = redis.call('HMGET', lease, 'dead', 'last_seq', 'lease_end', 'cap_end', 'output_len')
+local state = redis.call('HMGET', lease, '{DEAD}', 'last_seq', 'lease_end', 'cap_end', 'output_len')
 if state[1] then
   -- Killed, perhaps before any post created it: the other fields may be missing.
-  return {'dead', state[3] or '0', tonumber(state[2]) or 0}
+  return {'{DEAD}', state[3] or '0', tonumber(state[2]) or 0}
 end
 local last, lease_end, cap_end = tonumber(state[2]), tonumber(state[3]), tonumber(state[4])
 if seq <= last then
-  return {'retry', state[3], last}
+  return {'{RETRY}', state[3], last}
 end
 if seq > last + 1 then
-  return {'gap', state[3], last}
+  return {'{GAP}', state[3], last}
 end
 if (tonumber(state[5]) or 0) + string.len(delta) > tonumber(ARGV[13]) then
-  return {'too_long', state[3], last}
+  return {'{TOO_LONG}', state[3], last}
 end
 redis.call('HSET', lease, 'last_seq', seq)
 if ARGV[11] ~= '' then
   redis.call('HSET', lease, 'tokens', ARGV[11])
 end
 if delta == '' then
-  return {'not_renewed', state[3], seq}
+  return {'{NOT_RENEWED}', state[3], seq}
 end
 redis.call('HINCRBY', lease, 'output_len', string.len(delta))
 relay_append(relay, tonumber(ARGV[10]),
              {'type', 'delta', 'generation', ARGV[9], 'seq', ARGV[2], 'text', delta})
 if now > lease_end then
-  return {'lapsed', state[3], seq}
+  return {'{LAPSED}', state[3], seq}
 end
 local wanted = string.format('%.6f', now + step)
 if tonumber(wanted) > cap_end then
   if lease_end >= cap_end then
-    count('at_cap')
-    return {'at_cap', state[3], seq}
+    count('{AT_CAP}')
+    return {'{AT_CAP}', state[3], seq}
   end
   -- Held at the cap: stored as the cap's own string, so that the next post compares equal.
   wanted = state[4]
 end
 redis.call('HSET', lease, 'lease_end', wanted)
-count('granted')
-return {'granted', wanted, seq}
+count('{GRANTED}')
+return {'{GRANTED}', wanted, seq}
 """
-)
+# The outcomes as the script writes them: the enum's values, put in where `{NAME}` stands.
+RENEW_SCRIPT = APPEND_LUA + _RENEW_LUA
+for _outcome in Outcome:
+    RENEW_SCRIPT = RENEW_SCRIPT.replace("{" + _outcome.name + "}", _outcome.value)
+assert "{" + "GRANTED}" not in RENEW_SCRIPT
 
 
 def lease_key(generation_id: UUID) -> str:
@@ -107,13 +141,30 @@ def _renew_script():
 
 @dataclass(frozen=True)
 class Renewal:
-    outcome: str
+    outcome: Outcome
     lease_end: float
     last_seq: int
 
     @property
     def expires_at(self) -> datetime:
         return datetime.fromtimestamp(self.lease_end, tz=UTC)
+
+    def job_ttl(self, *, popped_at: datetime, cap_seconds: int) -> float:
+        """The lease end as the row keeps it, seconds after the pop: to the millisecond, rounded
+        up (never short of Redis's end; rounding to microseconds first drops float noise), and
+        never past the cap."""
+        seconds = round(self.lease_end - popped_at.timestamp(), 6)
+        return min(cap_seconds, math.ceil(seconds * 1000) / 1000)
+
+    def answered(self, now: datetime) -> Outcome:
+        """The outcome the worker is told: a repeated seq reads as what it would be now."""
+        if self.outcome == Outcome.RETRY:
+            return Outcome.LAPSED if now.timestamp() > self.lease_end else Outcome.NOT_RENEWED
+        return self.outcome
+
+    def ttl(self, now: datetime) -> int:
+        """Whole seconds left on the lease."""
+        return max(0, math.floor(self.lease_end - now.timestamp()))
 
 
 def renew(
@@ -155,7 +206,7 @@ def renew(
             output_limit,
         ],
     )
-    return Renewal(outcome=outcome.decode(), lease_end=float(lease_end), last_seq=int(last_seq))
+    return Renewal(outcome=Outcome(outcome.decode()), lease_end=float(lease_end), last_seq=int(last_seq))
 
 
 def kill(generation_ids: list[UUID]) -> None:

@@ -6,6 +6,7 @@ from django.utils.functional import cached_property
 from rest_framework import serializers
 
 from hordeops.serializers import HordeErrorOutput  # noqa: F401  (the horde routes' error shape)
+from jobs import leases
 
 
 class StrictCharField(serializers.CharField):
@@ -218,7 +219,7 @@ class ProgressInput(WorkerInput):
 
 
 class ProgressOutput(serializers.Serializer):
-    lease = serializers.ChoiceField(choices=["granted", "at_cap", "not_renewed", "lapsed"])
+    lease = serializers.ChoiceField(choices=[outcome.value for outcome in leases.ANSWERED])
     expires_at = serializers.DateTimeField()
     ttl = serializers.IntegerField()
 

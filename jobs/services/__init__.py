@@ -11,7 +11,7 @@ unless given. One module per thing the flow does:
 """
 
 from jobs.services.endings import cancel_request
-from jobs.services.pop import PoppedJob, lease_cap_seconds, pop_generation, pop_params
+from jobs.services.pop import PoppedJob, pop_generation, pop_params
 from jobs.services.progress import ProgressResult, record_progress
 from jobs.services.requests import (
     commit_stream,
@@ -34,7 +34,6 @@ __all__ = [
     "create_chat_request",
     "create_text_request",
     "estimate_tokens",
-    "lease_cap_seconds",
     "pop_generation",
     "pop_params",
     "prompt_tokens",

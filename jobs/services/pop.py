@@ -6,22 +6,14 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from django.conf import settings
-
 from hordeops import clock, errors, metrics
 from hordeops.rows import columns, fetch_instance
-from jobs import eligibility
+from jobs import eligibility, leases
 from jobs.models import Generation, TextRequest
 from workers.models import Worker
 from workers.services import check_in_worker
 
 logger = logging.getLogger(__name__)
-
-
-def lease_cap_seconds(*, trusted: bool) -> int:
-    if trusted:
-        return settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
-    return settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS
 
 
 @dataclass(frozen=True)
@@ -69,13 +61,13 @@ def pop_generation(
         now=now,
     )
     trusted = worker.account.trusted
-    cap = lease_cap_seconds(trusted=trusted)
+    cap = leases.cap_seconds(trusted=trusted)
     if worker.capacity_limited:
         metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED, now=now)
     params = {
         **pop_params(worker, trusted=trusted, now=now),
         "amount": amount,
-        "job_ttl": min(settings.TEXT_JOB_LEASE_SECONDS, cap),
+        "job_ttl": leases.initial_job_ttl(cap),
         "cap_seconds": cap,
         "capacity": worker.capacity,
         "capacity_limited": worker.capacity_limited,

@@ -1,7 +1,6 @@
 """A chat worker's progress post: relay its delta and renew its lease (jobs.leases decides)."""
 
 import logging
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -18,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ProgressResult:
-    lease: str  # granted, at_cap, not_renewed or lapsed
+    lease: leases.Outcome  # one of leases.ANSWERED
     expires_at: datetime
     ttl: int  # whole seconds left
 
@@ -60,33 +59,24 @@ def record_progress(
         now=now,
     )
     outcome = renewal.outcome
-    if outcome == "dead":
+    if outcome == leases.Outcome.DEAD:
         raise _refusal(generation.pk)
-    if outcome == "too_long":
+    if outcome == leases.Outcome.TOO_LONG:
         raise _too_long(generation.request)
-    if outcome == "gap":
+    if outcome == leases.Outcome.GAP:
         raise errors.ProgressOutOfOrder(
             f"Progress seq {seq} skips ahead: the last accepted seq is {renewal.last_seq}.",
             last_seq=renewal.last_seq,
         )
-    if outcome == "granted":
-        # The Redis lease end to the millisecond, rounded up (never short of it; the rounding
-        # to microseconds first drops float noise) and never past the cap.
-        seconds = round(renewal.lease_end - generation.popped_at.timestamp(), 6)
-        job_ttl = min(generation.cap_seconds, math.ceil(seconds * 1000) / 1000)
+    if outcome == leases.Outcome.GRANTED:
+        job_ttl = renewal.job_ttl(popped_at=generation.popped_at, cap_seconds=generation.cap_seconds)
         with connection.cursor() as cursor:
             cursor.execute(_RENEW_SQL, [job_ttl, generation.pk])
             written = cursor.rowcount
         if not written:
             leases.kill([generation.pk])
             raise _refusal(generation.pk)
-    if outcome == "retry":
-        outcome = "lapsed" if now.timestamp() > renewal.lease_end else "not_renewed"
-    return ProgressResult(
-        lease=outcome,
-        expires_at=renewal.expires_at,
-        ttl=max(0, math.floor(renewal.lease_end - now.timestamp())),
-    )
+    return ProgressResult(lease=renewal.answered(now), expires_at=renewal.expires_at, ttl=renewal.ttl(now))
 
 
 # The lease a granted renewal moved, written where the stale pass reads it (raw: the ORM's
