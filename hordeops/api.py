@@ -2,7 +2,6 @@
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ from django.utils.deprecation import MiddlewareMixin
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from hordeops import errors, ratelimit
+from hordeops import clock, errors, ratelimit
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +140,7 @@ class BodyLimitMiddleware(MiddlewareMixin):
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         # Where no ASGI server stamped the arrival (WSGI, the test client), this is the
         # earliest point a generation deadline can start from.
-        request._hordeops_arrived = time.monotonic()
+        clock.arrived(request)
         if not _is_api_path(request.path):
             return None
         declared = request.META.get("CONTENT_LENGTH") or ""

@@ -2,7 +2,6 @@ import asyncio
 import functools
 import os
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import django
@@ -16,7 +15,7 @@ from django.core.handlers.base import BaseHandler
 from django.http import Http404, HttpResponseBase
 from django.urls import Resolver404, get_resolver, set_script_prefix
 
-from hordeops import errors
+from hordeops import clock, errors
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
@@ -198,5 +197,5 @@ async def application(scope, receive, send):
     Generation deadlines (seed 003) count body reads and everything after them.
     """
     if scope["type"] == "http":
-        scope = {**scope, "hordeops.arrived": time.monotonic()}
+        scope = clock.arrived_scope(scope)
     await django_application(scope, receive, send)

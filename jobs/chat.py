@@ -12,7 +12,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TypeVar
 from uuid import UUID
 
@@ -155,10 +154,7 @@ def _start(
         raise header
     budget = header.within(account.deadline_limit_ms) if header else None
     call = protocol.parse(loads_strict(request.body))
-    deadline_at = None
-    if budget:
-        budget.check()  # auth and parsing spend the budget too
-        deadline_at = clock.now() + timedelta(milliseconds=budget.remaining_ms())
+    deadline_at = budget.deadline_at(clock.now()) if budget else None  # auth and parsing spent some
     text_request = services.create_chat_request(
         account=account,
         model=call.model,

@@ -11,20 +11,20 @@ import logging
 import re
 import time
 from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 import redis.exceptions
 from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest
 
-from hordeops import errors
+from hordeops import clock, errors
 
 HEADER = "X-MultiLLM-Deadline-Ms"
 INTERNAL_HEADER = "X-MultiLLM-Internal-Deadline-Ms"
 SIGNATURE_HEADER = "X-MultiLLM-Internal-Signature"
 # How old (or how far ahead) a signature's timestamp may be, in seconds.
 SIGNATURE_WINDOW_SECONDS = 30
-ARRIVED_KEY = "hordeops.arrived"
 _DIGITS = re.compile(r"[0-9]+")
 # Longer digit strings are refused before int() (Python refuses over 4300 digits: a 500).
 _MAX_DIGITS = 15
@@ -57,15 +57,15 @@ class Budget:
         if self.expired:
             raise errors.GenerationDeadlineExceeded()
 
+    def deadline_at(self, now: datetime) -> datetime:
+        """When the budget runs out on the wall clock, for the request row (its life ends
+        then); raises GenerationDeadlineExceeded if it already has."""
+        self.check()
+        return now + timedelta(milliseconds=self.remaining_ms())
+
     def within(self, limit_ms: int | None) -> "Budget":
         """The same budget, cut to `limit_ms` (an account's limit, say) when that is shorter."""
         return replace(self, total_ms=min(self.total_ms, limit_ms)) if limit_ms else self
-
-
-def arrived(request: HttpRequest) -> float:
-    """The monotonic time the request reached the app (stamped by `hordeops.asgi`)."""
-    scope = getattr(request, "scope", None) or {}
-    return scope.get(ARRIVED_KEY) or getattr(request, "_hordeops_arrived", None) or time.monotonic()
 
 
 def _parse(value: str, maximum: int) -> int:
@@ -165,4 +165,4 @@ def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> 
     for limit in (account_limit_ms, _route_limit(request.path)):
         if limit:
             limits.append(limit)
-    return Budget(total_ms=min(limits), started=arrived(request))
+    return Budget(total_ms=min(limits), started=clock.arrived(request))

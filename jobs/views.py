@@ -1,6 +1,5 @@
 """The horde text routes: parse, call one service, shape the answer."""
 
-from datetime import timedelta
 from uuid import UUID
 
 from django.conf import settings
@@ -59,11 +58,8 @@ class TextAsyncView(APIView):
         data = _validated(s.TextAsyncInput, request)
         if not data["prompt"]:
             raise errors.MissingPrompt()
-        deadline_at = None
-        if budget:
-            # The deadline bounds the request's life: it expires when the budget runs out.
-            budget.check()
-            deadline_at = clock.now() + timedelta(milliseconds=budget.remaining_ms())
+        # The deadline bounds the request's life: it expires when the budget runs out.
+        deadline_at = budget.deadline_at(clock.now()) if budget else None
         params = dict(data.get("params") or {"n": 1, "max_length": 80, "max_context_length": 2048})
         text_request, kudos = services.create_text_request(
             account=account,
