@@ -32,6 +32,8 @@ from jobs.models import TextRequest
 from workers.capacity import ONLINE_SQL, generating_seconds, lease_window_seconds, online_since
 from workers.models import Account, Worker
 
+TEXT = TextRequest.Kind.TEXT.value  # a legacy text job: the gate does not apply
+
 
 def params(now: datetime) -> dict[str, Any]:
     """The values the SQL below refers to."""
@@ -49,7 +51,7 @@ def tier_sql(r: str, w: str, wa: str) -> str:
     speed = f"coalesce({w}.speed, %(unmeasured)s)"
     cap_window = f"(CASE WHEN {wa}.trusted THEN %(trusted_window)s ELSE %(untrusted_window)s END)"
     return (
-        f"(CASE WHEN {r}.kind = 'text' OR {speed} * %(window)s >= {r}.max_length THEN 1"
+        f"(CASE WHEN {r}.kind = '{TEXT}' OR {speed} * %(window)s >= {r}.max_length THEN 1"
         f" WHEN {speed} * {cap_window} >= {r}.max_length THEN 2 ELSE 3 END)"
     )
 
@@ -63,7 +65,7 @@ def filters_sql(r: str, w: str, wa: str) -> str:
         f" AND (cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"
         f" AND (NOT {r}.trusted_workers OR {wa}.trusted)"
         f" AND (NOT {w}.maintenance OR {w}.account_id = {r}.account_id)"
-        f" AND ({r}.kind = 'text' OR {w}.chat)"
+        f" AND ({r}.kind = '{TEXT}' OR {w}.chat)"
     )
 
 

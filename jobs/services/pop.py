@@ -123,6 +123,10 @@ def pop_params(worker: Worker, *, trusted: bool, now: datetime) -> dict[str, Any
     }
 
 
+# The states the statements test and write, from the models' choices.
+_ACTIVE, _PROCESSING = TextRequest.State.ACTIVE.value, Generation.State.PROCESSING.value
+
+
 @cache
 def pop_sql() -> str:
     """The best request this worker may be offered now, locked; with its tier for it.
@@ -148,7 +152,7 @@ def pop_sql() -> str:
                      %(w_served_models)s::varchar[] AS served_models,
                      %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat) AS w,
              (SELECT %(wa_trusted)s::boolean AS trusted) AS wa
-        WHERE r.state = 'active' AND r.queued > 0
+        WHERE r.state = '{_ACTIVE}' AND r.queued > 0
           AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
                OR %(plan_hint)s::boolean)
         ORDER BY r.fair_rank ASC, r.priority DESC, r.created_at ASC
@@ -187,7 +191,7 @@ def claim_sql() -> str:
                 id, request_id, worker_id, model, state, popped_at, job_ttl, cap_seconds,
                 trusted_at_pop, renewals, capacity_at_pop, fallback_tier, capacity_limited,
                 settlement_information, finished_at, text, result, seed, gen_metadata, tokens, reward)
-            SELECT gen_random_uuid(), p.id, %(w_id)s, c.model, 'processing', %(now)s, %(job_ttl)s,
+            SELECT gen_random_uuid(), p.id, %(w_id)s, c.model, '{_PROCESSING}', %(now)s, %(job_ttl)s,
                    %(cap_seconds)s, %(wa_trusted)s, 0, %(capacity)s, p.fallback_tier,
                    %(capacity_limited)s, NULL, NULL, NULL, '', NULL, '[]', NULL, 0
             FROM picked AS p, taken AS t, chosen AS c, generate_series(1, t.take)

@@ -83,5 +83,5 @@ def record_progress(
 # compiling of this update cost more than running it).
 _RENEW_SQL = (
     f"UPDATE {Generation._meta.db_table} SET job_ttl = %s, renewals = renewals + 1"
-    " WHERE id = %s AND state = 'processing'"
+    f" WHERE id = %s AND state = '{Generation.State.PROCESSING.value}'"
 )

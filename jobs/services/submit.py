@@ -78,20 +78,23 @@ def submit_generation(
     return reward
 
 
+# The states the statement writes and tests, from the models' choices.
+_DONE, _PROCESSING = Generation.State.DONE.value, Generation.State.PROCESSING.value
+_ACTIVE, _REQUEST_DONE = TextRequest.State.ACTIVE.value, TextRequest.State.DONE.value
 _ACCEPT_SQL = f"""
     WITH accepted AS (
         UPDATE {Generation._meta.db_table} SET
-            state = 'done', finished_at = %(now)s, text = %(text)s, result = %(result)s,
+            state = '{_DONE}', finished_at = %(now)s, text = %(text)s, result = %(result)s,
             seed = %(seed)s, gen_metadata = %(gen_metadata)s::jsonb, tokens = %(tokens)s,
             reward = %(reward)s
-        WHERE id = %(id)s AND state = 'processing'
+        WHERE id = %(id)s AND state = '{_PROCESSING}'
         RETURNING request_id, worker_id
     ),
     counted AS (
         UPDATE {TextRequest._meta.db_table} AS t SET
             finished = t.finished + 1,
-            state = CASE WHEN t.state = 'active' AND t.finished >= t.n - 1 AND t.queued = 0
-                         THEN 'done' ELSE t.state END
+            state = CASE WHEN t.state = '{_ACTIVE}' AND t.finished >= t.n - 1 AND t.queued = 0
+                         THEN '{_REQUEST_DONE}' ELSE t.state END
         FROM accepted AS a WHERE t.id = a.request_id
         RETURNING t.id
     ),
