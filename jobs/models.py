@@ -20,6 +20,16 @@ class SecondsAfter(Func):
     output_field = models.DateTimeField()
 
 
+def lease_end_sql(alias: str = "") -> str:
+    """A generation's lease end in SQL (pop + job_ttl), as `SecondsAfter` writes it for the ORM:
+    the one definition of the lapse test, `lease end < now`, for `GenerationQuerySet.stale`
+    and the stale pass's own UPDATE alike."""
+    prefix = f"{alias}." if alias else ""
+    return SecondsAfter.template % {
+        "expressions": SecondsAfter.arg_joiner.join((f"{prefix}popped_at", f"{prefix}job_ttl"))
+    }
+
+
 class TextRequestQuerySet(models.QuerySet["TextRequest"]):
     def queued(self) -> "TextRequestQuerySet":
         """Requests with work still to hand out; matches the `request_pop_queue` index."""

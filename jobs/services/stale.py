@@ -9,7 +9,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from hordeops import clock, metrics
-from jobs.models import Generation, TextRequest
+from jobs.models import Generation, TextRequest, lease_end_sql
 from jobs.services.endings import (
     STATES,
     _cancel_generations,
@@ -78,14 +78,14 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
                 {**STATES, "now": now},
             )
             expired = cursor.fetchall()
-            # The lapse test (`Generation.objects.stale(now)`, spelled out) must sit in this
+            # The lapse test (`Generation.objects.stale(now)`, from `lease_end_sql`) must sit in this
             # UPDATE's own WHERE: a renewal committed while the pass waits on the row lock is
             # then re-checked against the renewed job_ttl. A subquery would not be re-checked.
             cursor.execute(
                 f"""
                 UPDATE {Generation._meta.db_table} SET state = %(aborted)s, finished_at = %(now)s
                 WHERE state = %(processing)s
-                  AND popped_at + interval '1 second' * job_ttl < %(now)s
+                  AND {lease_end_sql()} < %(now)s
                 RETURNING id, request_id, worker_id, trusted_at_pop
                 """,
                 {**STATES, "now": now},
