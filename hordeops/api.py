@@ -15,7 +15,7 @@ from django.utils.deprecation import MiddlewareMixin
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from hordeops import clock, errors, ratelimit
+from hordeops import clock, errors, keys, ratelimit
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class RateLimitMiddleware(MiddlewareMixin):
         address = ratelimit.client_address(
             request.META.get("REMOTE_ADDR", ""), request.headers.get("X-Forwarded-For", "")
         )
-        api_key = ratelimit.api_key_of(request.headers)
+        api_key = keys.requester_api_key(request.path, request.headers)
         wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=address))
         if wait:
             return error_response_for_path(request.path, errors.RateLimited(wait_seconds=wait))

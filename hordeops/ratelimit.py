@@ -17,12 +17,13 @@ import redis.exceptions
 from django.conf import settings
 from django_redis import get_redis_connection
 
+from hordeops.keys import ANONYMOUS_API_KEY
+
 logger = logging.getLogger(__name__)
 
 # The routes of requesters (CONTRACT.md section 12); workers' pops, posts and submits are not
 # limited here: their own rules bound them.
 REQUESTER_PATHS = ("/api/v2/generate/text/async", "/api/v2/generate/text/status/", "/v1/")
-ANONYMOUS_API_KEY = "0000000000"
 
 # KEYS: the buckets. ARGV: now (ms), then rate per second and burst for each bucket.
 # Returns 0 when a token was taken from every bucket, or else the milliseconds until every
@@ -82,13 +83,6 @@ def _is_trusted(address: str, trusted: tuple) -> bool:
     except ValueError:
         return False
     return any(ip in network for network in trusted)
-
-
-def api_key_of(headers) -> str:
-    """The key a requester route authenticates with: `apikey`, `x-api-key` or a Bearer token."""
-    authorization = headers.get("Authorization", "")
-    bearer = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
-    return headers.get("apikey") or headers.get("x-api-key") or bearer
 
 
 def buckets(*, api_key: str, address: str) -> list[Bucket]:

@@ -20,7 +20,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from hordeops import asyncdb, clock, errors
+from hordeops import asyncdb, clock, errors, keys
 from hordeops.parsers import loads_strict
 from jobs import deadlines, relay, services
 from jobs.deadlines import Budget
@@ -131,13 +131,6 @@ def _abandon(request_id: UUID, reason: str = "cancelled") -> None:
         logger.exception("could not cancel an abandoned chat request")
 
 
-def _api_key(request: HttpRequest) -> str | None:
-    authorization = request.headers.get("authorization", "")
-    if authorization[:7].lower() == "bearer ":
-        return authorization[7:].strip()
-    return request.headers.get("x-api-key")
-
-
 def _start(
     request: HttpRequest, protocol: ChatProtocol, header: Budget | errors.DomainError | None
 ) -> tuple[ChatCall, TextRequest, Budget | None]:
@@ -146,7 +139,7 @@ def _start(
     `header` is the deadline header's budget, or the error that refuses the header: the key
     is checked first, so that a bad key is a 401 whatever the header says.
     """
-    api_key = _api_key(request)
+    api_key = keys.chat_api_key(request.headers)
     if not api_key:
         raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
     account: Account = authenticate(api_key=api_key)

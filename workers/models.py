@@ -11,10 +11,10 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from hordeops.keys import ANONYMOUS_API_KEY
 from hordeops.rows import columns, fetch_instance
 from workers.capacity import capacity, online_since
 
-ANONYMOUS_API_KEY = "0000000000"
 ANONYMOUS_NAME = "Anonymous"
 
 

@@ -153,3 +153,21 @@ def test_requests_at_once_take_no_more_tokens_than_the_burst(make_caller, settin
     for thread in threads:
         thread.join(60)
     assert sorted(codes) == [202] * 3 + [429] * 9
+
+
+def test_a_chat_request_counts_against_the_key_it_authenticates_with_whatever_else_it_sends(
+    requester, served
+):
+    for i in range(3):
+        _ask(requester, f"198.51.100.{i}")  # the key's burst, spent
+    # A model no worker serves: past the limits, the route would answer 404 at once.
+    body = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+    refused = requester.client.post(
+        "/v1/chat/completions",
+        body,
+        format="json",
+        HTTP_AUTHORIZATION=f"Bearer {requester.api_key}",
+        HTTP_APIKEY="decoy",  # not what /v1 authenticates with: no bucket of its own
+        REMOTE_ADDR="198.51.100.50",
+    )
+    assert refused.status_code == 429, refused.content
