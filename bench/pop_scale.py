@@ -24,7 +24,7 @@ The target (the issue): a large pop costs no more than three times a small one.
 
 Printed, as one JSON object: the machine (cores, the 1-minute load average between blocks:
 the machine may be shared, so read the figures against it); per scenario the pop's wall time
-(median, p90, mean), the part of it spent in the pop query alone (`jobs.services.pop.pop_sql`,
+(median, p90, mean), the part of it spent in the pop query alone (`jobs.sql.pop`,
 run with `pop_params`: the popping worker's values as constants), the share of pops that got
 a job and by fallback tier, and the SQL statements per pop; the large/small ratios and
 `target_met`. For the large fleet also: EXPLAIN (ANALYZE, BUFFERS) of the pop query for a
@@ -217,7 +217,7 @@ class _Statements:
     """An execute wrapper: counts the statements of a pop and times the pop query apart."""
 
     def __init__(self) -> None:
-        from jobs.services.pop import pop_sql
+        from jobs.sql import pop as pop_sql
 
         self.pop_sql = pop_sql()
         self.count = 0
@@ -381,7 +381,7 @@ def _case(fleet: list, samples: int, rng: random.Random, case: str) -> dict:
     from django.utils import timezone
 
     from jobs.models import TextRequest
-    from jobs.services.pop import pop_sql
+    from jobs.sql import pop as pop_sql
     from workers.capacity import capacity
     from workers.models import Worker
 
@@ -468,7 +468,7 @@ def _pick(fleet: list, slow: bool):
 def _explain_both(fleet: list) -> tuple[dict, list[str]]:
     from django.utils import timezone
 
-    from jobs.services.pop import pop_sql
+    from jobs.sql import pop as pop_sql
 
     figures, plans = {}, []
     for label, worker in (("slow", _pick(fleet, slow=True)), ("fast", _pick(fleet, slow=False))):

@@ -139,7 +139,7 @@ def database_from_url(url: str) -> dict:
             # Parameters travel apart from the SQL, and psycopg prepares a statement that a
             # connection runs a fifth time (the hot routes'), so that PostgreSQL parses it once
             # and then reuses a generic plan where it is as good as planning each call (the
-            # pop's is, thanks to its plan hint: see jobs.services.pop.pop_sql).
+            # pop's is, thanks to its plan hint: see jobs.sql.pop).
             "server_side_binding": True,
             "prepare_threshold": 5,
             "pool": {

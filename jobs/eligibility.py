@@ -18,15 +18,15 @@ Seed 000 and the decisions it cites (contract section 7):
 
 The rule is written once, as SQL over a request row `r` and a worker row `w` with its account
 `wa`. The pop evaluates it for one worker across the queue; the status evaluates it for one
-request across the fleet; neither has a copy of its own. It lives in `jobs`, the app that
-owns the pop, because it reads requests as much as workers; `workers` knows nothing of it.
+request across the fleet (both statements are in `jobs.sql`); neither has a copy of its own.
+It lives in `jobs`, the app that owns the pop, because it reads requests as much as workers;
+`workers` knows nothing of it.
 """
 
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 
 from jobs.models import TextRequest
 from workers.capacity import ONLINE_SQL, generating_seconds, lease_window_seconds, online_since
@@ -78,22 +78,3 @@ def offer_sql(r: str = "r", w: str = "w", wa: str = "wa") -> str:
         f" AND {tier_sql(r, 'v', 'va')} < {tier_sql(r, w, wa)}"
     )
     return f"({filters_sql(r, w, wa)} AND ({tier_sql(r, w, wa)} = 1 OR NOT EXISTS ({better})))"
-
-
-def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
-    """Online workers the pop would offer this request to now: count, threads, and more.
-
-    `capable` counts those of tier 1: when it is 0 but `workers` is not, only over-capacity
-    workers could take the request (the status route's `might_stall`).
-    """
-    sql = (
-        f"SELECT count(*), coalesce(sum(w.threads), 0),"
-        f" count(*) FILTER (WHERE {tier_sql('r', 'w', 'wa')} = 1), avg(w.speed)"
-        f" FROM {TextRequest._meta.db_table} AS r,"
-        f" {Worker._meta.db_table} AS w JOIN {Account._meta.db_table} AS wa ON wa.id = w.account_id"
-        f" WHERE r.id = %(request)s AND {ONLINE_SQL.format(w='w')} AND {offer_sql()}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {**params(now), "request": request_id})
-        workers, threads, capable, speed = cursor.fetchone()
-    return {"workers": workers, "threads": threads, "capable": capable, "speed": speed}

@@ -1,15 +1,12 @@
 import uuid
 from datetime import datetime, timedelta
-from functools import cache
-from typing import NamedTuple
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import F, Func, Q
 from django.utils import timezone
 
-from hordeops.rows import columns, fetch_instances
-from workers.models import Account, Worker, hash_api_key
+from workers.models import Account, Worker
 
 
 class SecondsAfter(Func):
@@ -140,24 +137,6 @@ class GenerationQuerySet(models.QuerySet["Generation"]):
     def over_capacity(self) -> "GenerationQuerySet":
         return self.filter(fallback_tier__gt=1)
 
-    def for_worker_post(self, generation_id, *, api_key: str) -> "WorkerPost | None":
-        """Who posts (the account of `api_key`, its id loaded) and the generation they post
-        progress or a result to, with its worker (the account) and its request (kind,
-        max_length, deadline): one statement, no ORM compiling, on the two hottest routes
-        after the pop. None if no account has the key; the generation is None if there is no
-        such generation. Other fields load on access."""
-        found = fetch_instances(
-            _worker_post_sql(),
-            {"id": generation_id, "api_key_hash": hash_api_key(api_key)},
-            *_WORKER_POST_PARTS,
-        )
-        if found is None:
-            return None
-        caller, generation, worker, request = found
-        if generation is not None:
-            generation.worker, generation.request = worker, request
-        return WorkerPost(caller=caller, generation=generation)
-
     def stale(self, now: datetime) -> "GenerationQuerySet":
         """Processing generations whose lease (pop + job_ttl) ended before `now`."""
         return (
@@ -168,7 +147,10 @@ class GenerationQuerySet(models.QuerySet["Generation"]):
 
 
 class Generation(models.Model):
-    """One job handed to one worker: the lease lives here and in the worker's hands."""
+    """One job handed to one worker: the lease lives here and in the worker's hands.
+
+    The `db_default`s are for the pop's hand-written INSERT (jobs.sql.claim), which leaves
+    those columns, and the nullable ones, to the database."""
 
     class State(models.TextChoices):
         PROCESSING = "processing", "Processing"
@@ -194,7 +176,7 @@ class Generation(models.Model):
     job_ttl = models.FloatField()
     cap_seconds = models.PositiveIntegerField()
     trusted_at_pop = models.BooleanField(default=False)
-    renewals = models.PositiveIntegerField(default=0)
+    renewals = models.PositiveIntegerField(default=0, db_default=0)
     # The speed gate at the pop: the worker's capacity then, and its tier for this job
     # (1 capable, 2 only within its own cap, 3 not even then). Tiers 2 and 3 are the
     # over-capacity assignments; the generation's state is their outcome.
@@ -206,11 +188,11 @@ class Generation(models.Model):
     settlement_information = models.JSONField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     text = models.TextField(null=True, blank=True)
-    result = models.CharField(max_length=10, choices=Result.choices, blank=True, default="")
+    result = models.CharField(max_length=10, choices=Result.choices, blank=True, default="", db_default="")
     seed = models.BigIntegerField(null=True, blank=True)
-    gen_metadata = models.JSONField(default=list, blank=True)
+    gen_metadata = models.JSONField(default=list, db_default=[], blank=True)
     tokens = models.PositiveIntegerField(null=True, blank=True)
-    reward = models.FloatField(default=0)
+    reward = models.FloatField(default=0, db_default=0)
 
     objects = GenerationQuerySet.as_manager()
 
@@ -254,32 +236,3 @@ class Generation(models.Model):
             f"renewed to end {renewed_end} s after the pop, "
             f"under a cap of {self.cap_seconds} s"
         )
-
-
-class WorkerPost(NamedTuple):
-    caller: Account
-    generation: Generation | None
-
-
-_WORKER_POST_PARTS = (
-    (Account, ("id",)),
-    (Generation, None),
-    (Worker, ("account",)),
-    (TextRequest, ("kind", "state", "max_length", "deadline_at")),
-)
-
-
-@cache
-def _worker_post_sql() -> str:
-    # The caller's row is the one row, the generation joined to it: an unknown key gives no
-    # row whether or not the generation exists, as authenticating first would.
-    (_, caller_fields), _, (_, worker_fields), (_, request_fields) = _WORKER_POST_PARTS
-    return (
-        f"SELECT {columns(Account, 'a', caller_fields)}, {columns(Generation, 'g')}, "
-        f"{columns(Worker, 'w', worker_fields)}, {columns(TextRequest, 'r', request_fields)} "
-        f"FROM {Account._meta.db_table} AS a "
-        f"LEFT JOIN ({Generation._meta.db_table} AS g "
-        f"JOIN {Worker._meta.db_table} AS w ON w.id = g.worker_id "
-        f"JOIN {TextRequest._meta.db_table} AS r ON r.id = g.request_id) ON g.id = %(id)s "
-        "WHERE a.api_key_hash = %(api_key_hash)s"
-    )

@@ -5,9 +5,22 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 
-from jobs.eligibility import eligible_workers
+from jobs import eligibility, sql
 from jobs.models import Generation, TextRequest
+
+
+def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
+    """Online workers the pop would offer this request to now: count, threads, and more.
+
+    `capable` counts those of tier 1: when it is 0 but `workers` is not, only over-capacity
+    workers could take the request (the status route's `might_stall`).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql.eligible_workers(), {**eligibility.params(now), "request": request_id})
+        workers, threads, capable, speed = cursor.fetchone()
+    return {"workers": workers, "threads": threads, "capable": capable, "speed": speed}
 
 
 def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:

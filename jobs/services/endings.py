@@ -1,5 +1,5 @@
 """How requests and generations end: cancellation, restarts after an abort or a give-back,
-abort counting, and the relay events that tell waiting requesters."""
+and the relay events that tell waiting requesters."""
 
 import json
 import logging
@@ -12,27 +12,10 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from hordeops import clock, errors, metrics
-from jobs import leases, relay
-from jobs.models import Generation, TextRequest
-from workers.models import Worker
+from jobs import leases, relay, sql
+from jobs.models import TextRequest
 
 logger = logging.getLogger(__name__)
-
-
-STATES = {
-    "active": TextRequest.State.ACTIVE,
-    "expired": TextRequest.State.EXPIRED,
-    "faulted": TextRequest.State.FAULTED,
-    "processing": Generation.State.PROCESSING,
-    "aborted": Generation.State.ABORTED,
-    "cancelled": Generation.State.CANCELLED,
-}
-
-
-MAINTENANCE_REASON = (
-    "Maintenance mode activated because worker is dropping too many jobs. "
-    "Please investigate its speed and stability before leaving maintenance."
-)
 
 
 def cancel_request(
@@ -76,15 +59,8 @@ def _cancel_generations(generation_ids: list[UUID], reason: str, now: datetime) 
             json.dumps({"usage": "unknown", "tokens_relayed": relayed, "reservation": None, "reason": reason})
         )
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE {Generation._meta.db_table} AS g
-            SET state = %(cancelled)s, finished_at = %(now)s, settlement_information = v.settlement
-            FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(settlement)s::jsonb[]) AS settlement) AS v
-            WHERE g.id = v.id AND g.state = %(processing)s
-            """,
-            {**STATES, "ids": generation_ids, "settlement": settlement, "now": now},
-        )
+        params = {"ids": generation_ids, "settlement": settlement, "now": now}
+        cursor.execute(sql.cancel_generations(), params)
 
 
 def _end_streams(failures: list[tuple[UUID, str]], dead_generations: list[UUID]) -> None:
@@ -100,19 +76,10 @@ def _restart_requests(counts: Tally) -> list[tuple[UUID, str, bool, str]]:
     fallback after commit. Returns (request id, state now, committed, kind) for each request.
     """
     ids, added = zip(*counts.items(), strict=True)
-    fault = "r.state = %(active)s AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            UPDATE {TextRequest._meta.db_table} AS r SET
-              restarts = r.restarts + v.added,
-              queued = CASE WHEN r.state = %(active)s AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
-              state = CASE WHEN {fault} THEN %(faulted)s ELSE r.state END
-            FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
-            WHERE r.id = v.id
-            RETURNING r.id, r.state, r.stream_generation IS NOT NULL, r.kind
-            """,
-            {**STATES, "ids": list(ids), "added": list(added), "max": settings.TEXT_REQUEST_MAX_RESTARTS},
+            sql.restart_requests(),
+            {"ids": list(ids), "added": list(added), "max": settings.TEXT_REQUEST_MAX_RESTARTS},
         )
         return cursor.fetchall()
 
@@ -135,43 +102,6 @@ def _relay_restarts(outcomes: list[tuple[UUID, str, bool, str]], aborted: list[t
             code = "generation_aborted" if committed else "too_many_restarts"
             events.append((request_id, relay.FAILED, str(generation_id), {"code": code}))
     relay.publish_many(events)
-
-
-def _count_aborts(counts: Tally, now: datetime) -> list[str]:
-    """Count aborts in each worker's one-hour window; over the threshold means maintenance.
-
-    Every value is computed from the worker row itself (no self-join), so two passes or a
-    faulted submit racing the pass both count.
-    """
-    ids, added = zip(*counts.items(), strict=False)
-    # The window's one reading (`Worker.ABORT_WINDOW`, as `Worker.aborts_in_window` reads it).
-    expired = "(w.aborts_window_start IS NULL OR w.aborts_window_start < %(window_start)s)"
-    new = f"(CASE WHEN {expired} THEN v.added ELSE w.aborted_jobs + v.added END)"
-    over = f"({new} > %(threshold)s)"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE {Worker._meta.db_table} AS w SET
-              aborted_jobs = CASE WHEN {over} THEN 0 ELSE {new} END,
-              aborts_window_start = CASE WHEN {expired} THEN %(now)s ELSE w.aborts_window_start END,
-              uncompleted_jobs = w.uncompleted_jobs + v.added,
-              maintenance = w.maintenance OR {over},
-              maintenance_reason = CASE WHEN NOT w.maintenance AND {over}
-                                        THEN %(reason)s ELSE w.maintenance_reason END
-            FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
-            WHERE w.id = v.id
-            RETURNING w.name, w.maintenance
-            """,
-            {
-                "ids": list(ids),
-                "added": list(added),
-                "now": now,
-                "window_start": now - Worker.ABORT_WINDOW,
-                "threshold": settings.WORKER_ABORT_MAINTENANCE_THRESHOLD,
-                "reason": MAINTENANCE_REASON,
-            },
-        )
-        return [name for name, in_maintenance in cursor.fetchall() if in_maintenance]
 
 
 def _count_stale_aborts(by_trust: Tally, now: datetime) -> None:

@@ -2,11 +2,15 @@
 
 import logging
 from datetime import datetime
+from typing import NamedTuple
 from uuid import UUID
 
 from hordeops import errors
+from hordeops.rows import fetch_instances
+from jobs import sql
 from jobs.models import Generation, TextRequest
 from jobs.services.endings import cancel_request
+from workers.models import Account, hash_api_key
 from workers.services import required_api_key
 
 logger = logging.getLogger(__name__)
@@ -17,7 +21,7 @@ def _posted_generation(*, api_key: str | None, generation_id: UUID) -> Generatio
 
     The key is checked in the generation's own statement: a bad key is refused before a bad
     id, as when authenticating came first."""
-    post = Generation.objects.for_worker_post(generation_id, api_key=required_api_key(api_key))
+    post = worker_post(generation_id, api_key=required_api_key(api_key))
     if post is None:
         raise errors.InvalidAPIKey()
     generation = post.generation
@@ -26,6 +30,30 @@ def _posted_generation(*, api_key: str | None, generation_id: UUID) -> Generatio
     if generation.worker.account_id != post.caller.id:
         raise errors.WrongCredentials()
     return generation
+
+
+class WorkerPost(NamedTuple):
+    caller: Account
+    generation: Generation | None
+
+
+def worker_post(generation_id: UUID, *, api_key: str) -> WorkerPost | None:
+    """Who posts (the account of `api_key`, its id loaded) and the generation they post
+    progress or a result to, with its worker (the account) and its request (kind, state,
+    max_length, deadline): one statement (`sql.worker_post`), no ORM compiling, on the two
+    hottest routes after the pop. None if no account has the key; the generation is None if
+    there is no such generation. Other fields load on access."""
+    found = fetch_instances(
+        sql.worker_post(),
+        {"id": generation_id, "api_key_hash": hash_api_key(api_key)},
+        *sql.WORKER_POST_PARTS,
+    )
+    if found is None:
+        return None
+    caller, generation, worker, request = found
+    if generation is not None:
+        generation.worker, generation.request = worker, request
+    return WorkerPost(caller=caller, generation=generation)
 
 
 def _refusal(generation_id: UUID) -> errors.DomainError:

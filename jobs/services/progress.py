@@ -8,7 +8,7 @@ from uuid import UUID
 from django.db import connection
 
 from hordeops import clock, errors
-from jobs import leases
+from jobs import leases, sql
 from jobs.models import Generation, TextRequest
 from jobs.services.posts import _posted_generation, _refusal, _refuse_past_deadline, _too_long
 
@@ -71,17 +71,9 @@ def record_progress(
     if outcome == leases.Outcome.GRANTED:
         job_ttl = renewal.job_ttl(popped_at=generation.popped_at, cap_seconds=generation.cap_seconds)
         with connection.cursor() as cursor:
-            cursor.execute(_RENEW_SQL, [job_ttl, generation.pk])
+            cursor.execute(sql.renew(), [job_ttl, generation.pk])
             written = cursor.rowcount
         if not written:
             leases.kill([generation.pk])
             raise _refusal(generation.pk)
     return ProgressResult(lease=renewal.answered(now), expires_at=renewal.expires_at, ttl=renewal.ttl(now))
-
-
-# The lease a granted renewal moved, written where the stale pass reads it (raw: the ORM's
-# compiling of this update cost more than running it).
-_RENEW_SQL = (
-    f"UPDATE {Generation._meta.db_table} SET job_ttl = %s, renewals = renewals + 1"
-    f" WHERE id = %s AND state = '{Generation.State.PROCESSING.value}'"
-)

@@ -10,12 +10,13 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from hordeops import clock
-from jobs import leases, relay
+from jobs import leases, relay, sql
 from jobs.models import Generation, TextRequest
-from jobs.services.endings import _count_aborts, _relay_restarts, _restart_requests
+from jobs.services.endings import _relay_restarts, _restart_requests
 from jobs.services.posts import _posted_generation, _refusal, _refuse_past_deadline, _too_long
 from jobs.services.requests import estimate_tokens
 from workers.models import Worker
+from workers.services import count_aborts
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +49,11 @@ def submit_generation(
         tokens = int(reported) if reported else tokens
     elapsed = max((now - generation.popped_at).total_seconds(), 0.001)
     reward = round(tokens / 10, 2)
-    # One statement, so one implicit transaction: the compare-and-set on the generation (of
-    # this submit and the stale pass, whichever gets the row first wins; the other sees
-    # state != processing and changes nothing), the request's count and the worker's speed.
+    # One statement, so one implicit transaction (`sql.accept`): the generation's
+    # compare-and-set, the request's count and the worker's speed.
     with connection.cursor() as cursor:
         cursor.execute(
-            _ACCEPT_SQL,
+            sql.accept(),
             {
                 "id": generation.pk,
                 "now": now,
@@ -78,43 +78,6 @@ def submit_generation(
     return reward
 
 
-# The states the statement writes and tests, from the models' choices.
-_DONE, _PROCESSING = Generation.State.DONE.value, Generation.State.PROCESSING.value
-_ACTIVE, _REQUEST_DONE = TextRequest.State.ACTIVE.value, TextRequest.State.DONE.value
-_ACCEPT_SQL = f"""
-    WITH accepted AS (
-        UPDATE {Generation._meta.db_table} SET
-            state = '{_DONE}', finished_at = %(now)s, text = %(text)s, result = %(result)s,
-            seed = %(seed)s, gen_metadata = %(gen_metadata)s::jsonb, tokens = %(tokens)s,
-            reward = %(reward)s
-        WHERE id = %(id)s AND state = '{_PROCESSING}'
-        RETURNING request_id, worker_id
-    ),
-    counted AS (
-        UPDATE {TextRequest._meta.db_table} AS t SET
-            finished = t.finished + 1,
-            state = CASE WHEN t.state = '{_ACTIVE}' AND t.finished >= t.n - 1 AND t.queued = 0
-                         THEN '{_REQUEST_DONE}' ELSE t.state END
-        FROM accepted AS a WHERE t.id = a.request_id
-        RETURNING t.id
-    ),
-    -- The speed is computed from the row itself, so concurrent submits by one worker both land.
-    measured AS (
-        UPDATE {Worker._meta.db_table} AS w SET
-            speed_samples = (w.speed_samples || %(sample)s::float8)
-                [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):],
-            speed = (SELECT avg(x) FROM unnest(
-                (w.speed_samples || %(sample)s::float8)
-                    [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):]) AS x),
-            completed_jobs = w.completed_jobs + 1
-        FROM accepted AS a WHERE w.id = a.worker_id
-        RETURNING w.id
-    )
-    -- Data-modifying WITH statements always run to completion, read or not.
-    SELECT count(*) FROM accepted
-"""
-
-
 def _relay_done(request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str) -> None:
     leases.kill([generation_id])
     relay.publish(request_id, relay.DONE, generation_id, text=text, tokens=tokens, finish_reason=finish)
@@ -129,5 +92,5 @@ def _give_back(generation: Generation, now: datetime) -> None:
         if not given_back:
             raise _refusal(generation.pk)
         outcomes = _restart_requests(Tally([generation.request_id]))
-        _count_aborts(Tally([generation.worker_id]), now)
+        count_aborts(counts=Tally([generation.worker_id]), now=now)
         transaction.on_commit(lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)]))

@@ -147,7 +147,7 @@ def test_the_abort_window_includes_its_last_instant_in_the_pass_and_on_the_worke
 
     from django.utils import timezone
 
-    from jobs.services.endings import _count_aborts
+    from workers.services import count_aborts
 
     owner.pop("w")
     worker = Worker.objects.get(name="w")
@@ -155,12 +155,12 @@ def test_the_abort_window_includes_its_last_instant_in_the_pass_and_on_the_worke
     Worker.objects.filter(pk=worker.pk).update(aborts_window_start=now - timedelta(hours=1), aborted_jobs=3)
     worker.refresh_from_db()
     assert worker.aborts_in_window(now) == 3  # exactly an hour old: still the same window
-    _count_aborts(Counter([worker.pk]), now)
+    count_aborts(counts=Counter([worker.pk]), now=now)
     worker.refresh_from_db()
     assert (worker.aborted_jobs, worker.aborts_window_start) == (4, now - timedelta(hours=1))
     later = now + timedelta(microseconds=1)
     assert worker.aborts_in_window(later) == 0  # past the hour, on both sides
-    _count_aborts(Counter([worker.pk]), later)
+    count_aborts(counts=Counter([worker.pk]), now=later)
     worker.refresh_from_db()
     assert (worker.aborted_jobs, worker.aborts_window_start) == (1, later)
 

@@ -4,7 +4,7 @@ A worker is counted as eligible for a request by the status side exactly when th
 offer it that request: it passes the request's plain filters and no online worker of a better
 tier passes them too. The property is checked over generated fleets and one queued request:
 
-- the pop's own SQL (`jobs.services.pop.pop_sql`), probed once per worker without its check-in
+- the pop's own SQL (`jobs.sql.pop`), probed once per worker without its check-in
   and rolled back, gives the set of workers it would offer the request to, with their tiers;
 - `eligible_workers` must count the online ones of that set, their threads and their tier 1s;
 - a pure-Python oracle of the rule as seed 000 states it must give the same set and tiers, so
@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, Phase, event, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from jobs.eligibility import eligible_workers
+from jobs import sql
 from jobs.models import TextRequest
-from jobs.services.pop import pop_params, pop_sql
-from jobs.status import request_status
+from jobs.services.pop import pop_params
+from jobs.status import eligible_workers, request_status
 from workers.models import Account, Worker, hash_api_key
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -122,7 +122,7 @@ def pop_offers(request_id, worker_ids: list) -> list[int | None]:
             worker = fleet[worker_id]
             rows = list(
                 TextRequest.objects.raw(
-                    pop_sql(), pop_params(worker, trusted=worker.account.trusted, now=NOW)
+                    sql.pop(), pop_params(worker, trusted=worker.account.trusted, now=NOW)
                 )
             )
             assert len(rows) <= 1

@@ -309,7 +309,8 @@ def test_the_pops_generic_plan_walks_the_queue_index_without_sorting(requester, 
 
     from psycopg import sql
 
-    from jobs.services.pop import claim_sql, pop_params
+    from jobs import sql as jobs_sql
+    from jobs.services.pop import pop_params
 
     owner.pop("planned")  # checks the worker in: its model can then be asked for
     assert requester.request_text(models=["m1"]).status_code == 202
@@ -326,7 +327,7 @@ def test_the_pops_generic_plan_walks_the_queue_index_without_sorting(requester, 
         **pop_params(worker, trusted=False, now=worker.last_pop_at),
         **{"amount": 1, "job_ttl": 150, "cap_seconds": 200, "capacity": 1200, "capacity_limited": False},
     }
-    statement = claim_sql()
+    statement = jobs_sql.claim()
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))  # psycopg's $n order
     with connection.connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_generic_plan")

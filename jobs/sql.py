@@ -1,0 +1,289 @@
+"""Every statement the jobs app writes by hand, built from its models' tables and choices.
+
+Raw where a benchmark showed it pays (`docs/benchmarks.md`): the pop, the two hot worker
+posts and the stale pass, which are set-based or single round trips the ORM cannot write,
+or whose compiling cost more than running them. The rules they apply have their own homes
+and are composed in here: the offer rule and speed gate (`jobs.eligibility`), the lapse test
+(`jobs.models.lease_end_sql`), the online test (`workers.capacity.ONLINE_SQL`). State values
+come from the models' `TextChoices`, written in as literals (they are constants, and a
+literal lets the planner match the partial indexes). Each statement is built once (`cache`).
+"""
+
+from functools import cache
+
+from hordeops.rows import columns
+from jobs import eligibility
+from jobs.models import Generation, TextRequest, lease_end_sql
+from workers.capacity import ONLINE_SQL
+from workers.models import Account, Worker
+
+REQUESTS, GENERATIONS = TextRequest._meta.db_table, Generation._meta.db_table
+WORKERS, ACCOUNTS = Worker._meta.db_table, Account._meta.db_table
+
+# Request states and generation states, as the statements write them.
+ACTIVE, REQUEST_DONE = TextRequest.State.ACTIVE.value, TextRequest.State.DONE.value
+EXPIRED, FAULTED = TextRequest.State.EXPIRED.value, TextRequest.State.FAULTED.value
+PROCESSING, DONE = Generation.State.PROCESSING.value, Generation.State.DONE.value
+ABORTED, CANCELLED = Generation.State.ABORTED.value, Generation.State.CANCELLED.value
+
+
+# -- The pop ---------------------------------------------------------------------------------
+
+
+@cache
+def pop() -> str:
+    """The best request this worker may be offered now, locked; with its tier for it.
+
+    Queue order is fair across accounts, then priority, then age (`fair_rank`: an account's
+    waiting or running requests when the request was queued), on the partial index
+    `request_pop_queue`; SKIP LOCKED
+    lets concurrent pops pass each other's rows instead of waiting or taking one twice.
+
+    `OR %(plan_hint)s` (always false) is a hint for the generic plan, which does not know
+    the worker's values: it would guess that almost no request passes the offer rule, and
+    then read every live request by expiry and sort them (close to a second at 100,000
+    queued) rather than walk the queue index to the first offer (under a millisecond). A
+    condition that may be true makes it guess that many pass, and walk the index. With the
+    value known, as in a custom plan, the hint folds away.
+    """
+    return f"""
+        SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
+        FROM {REQUESTS} AS r,
+             (SELECT %(w_id)s::uuid AS id, %(w_account_id)s::bigint AS account_id,
+                     %(w_speed)s::double precision AS speed, %(w_max_length)s::integer AS max_length,
+                     %(w_max_context_length)s::integer AS max_context_length,
+                     %(w_served_models)s::varchar[] AS served_models,
+                     %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat) AS w,
+             (SELECT %(wa_trusted)s::boolean AS trusted) AS wa
+        WHERE r.state = '{ACTIVE}' AND r.queued > 0
+          AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
+               OR %(plan_hint)s::boolean)
+        ORDER BY r.fair_rank ASC, r.priority DESC, r.created_at ASC
+        LIMIT 1
+        FOR UPDATE OF r SKIP LOCKED
+    """
+
+
+# What the claim returns after the request's own columns, in order.
+CLAIMED = ("fallback_tier", "take", "generation_model", "generation_ids")
+
+
+@cache
+def claim() -> str:
+    """Lock the best request (`pop`), take up to `amount` of its jobs, insert their
+    generations; return the request with `CLAIMED`.
+
+    The model is the first the worker serves that the request asks for (or the worker's
+    first, for a request that names none). Columns the INSERT leaves out take their
+    database defaults (the models' `db_default`, or NULL).
+    """
+    # Whitespace folded: under 4 KiB, psycopg caches the statement's parsing.
+    return _folded(f"""
+        WITH picked AS ({pop()}),
+        taken AS (
+            UPDATE {REQUESTS} AS t
+            SET queued = t.queued - LEAST(%(amount)s, p.queued)
+            FROM picked AS p WHERE t.id = p.id
+            RETURNING t.id, LEAST(%(amount)s, p.queued) AS take
+        ),
+        chosen AS (
+            SELECT COALESCE((
+                SELECT m FROM unnest(%(w_served_models)s::varchar[]) WITH ORDINALITY AS s(m, i)
+                WHERE cardinality(p.requested_models) = 0 OR m = ANY(p.requested_models)
+                ORDER BY i LIMIT 1), '') AS model
+            FROM picked AS p
+        ),
+        started AS (
+            INSERT INTO {GENERATIONS} (
+                id, request_id, worker_id, model, state, popped_at, job_ttl, cap_seconds,
+                trusted_at_pop, capacity_at_pop, fallback_tier, capacity_limited)
+            SELECT gen_random_uuid(), p.id, %(w_id)s, c.model, '{PROCESSING}', %(now)s, %(job_ttl)s,
+                   %(cap_seconds)s, %(wa_trusted)s, %(capacity)s, p.fallback_tier, %(capacity_limited)s
+            FROM picked AS p, taken AS t, chosen AS c, generate_series(1, t.take)
+            RETURNING id
+        )
+        SELECT {columns(TextRequest, "p")}, p.fallback_tier, t.take, c.model,
+               ARRAY(SELECT id FROM started)
+        FROM picked AS p, taken AS t, chosen AS c
+    """)
+
+
+def _folded(sql: str) -> str:
+    """The statement on one line (it holds no comments, and no literal with spaces in it)."""
+    assert "--" not in sql
+    return " ".join(sql.split())
+
+
+# -- Who posts: the worker routes' first read --------------------------------------------------
+
+# The caller's account, the generation, its worker and its request, each with the fields the
+# posts read (None: all of them); the rest load on access.
+WORKER_POST_PARTS = (
+    (Account, ("id",)),
+    (Generation, None),
+    (Worker, ("account",)),
+    (TextRequest, ("kind", "state", "max_length", "deadline_at")),
+)
+
+
+@cache
+def worker_post() -> str:
+    """The caller's row is the one row, the generation joined to it: an unknown key gives no
+    row whether or not the generation exists, as authenticating first would."""
+    (_, caller_fields), _, (_, worker_fields), (_, request_fields) = WORKER_POST_PARTS
+    return (
+        f"SELECT {columns(Account, 'a', caller_fields)}, {columns(Generation, 'g')}, "
+        f"{columns(Worker, 'w', worker_fields)}, {columns(TextRequest, 'r', request_fields)} "
+        f"FROM {ACCOUNTS} AS a "
+        f"LEFT JOIN ({GENERATIONS} AS g "
+        f"JOIN {WORKERS} AS w ON w.id = g.worker_id "
+        f"JOIN {REQUESTS} AS r ON r.id = g.request_id) ON g.id = %(id)s "
+        "WHERE a.api_key_hash = %(api_key_hash)s"
+    )
+
+
+# -- Progress and submit -------------------------------------------------------------------
+
+
+@cache
+def renew() -> str:
+    """The lease a granted renewal moved (`%s` job_ttl, `%s` id), written where the stale pass
+    reads it (raw: the ORM's compiling of this update cost more than running it)."""
+    return (
+        f"UPDATE {GENERATIONS} SET job_ttl = %s, renewals = renewals + 1"
+        f" WHERE id = %s AND state = '{PROCESSING}'"
+    )
+
+
+@cache
+def accept() -> str:
+    """A submit's result, in one statement: the compare-and-set on the generation (whichever of
+    the submit and the stale pass gets the row first wins; the other sees state != processing
+    and changes nothing), the request's count and the worker's speed. Returns 1 if accepted."""
+    return f"""
+    WITH accepted AS (
+        UPDATE {GENERATIONS} SET
+            state = '{DONE}', finished_at = %(now)s, text = %(text)s, result = %(result)s,
+            seed = %(seed)s, gen_metadata = %(gen_metadata)s::jsonb, tokens = %(tokens)s,
+            reward = %(reward)s
+        WHERE id = %(id)s AND state = '{PROCESSING}'
+        RETURNING request_id, worker_id
+    ),
+    counted AS (
+        UPDATE {REQUESTS} AS t SET
+            finished = t.finished + 1,
+            state = CASE WHEN t.state = '{ACTIVE}' AND t.finished >= t.n - 1 AND t.queued = 0
+                         THEN '{REQUEST_DONE}' ELSE t.state END
+        FROM accepted AS a WHERE t.id = a.request_id
+        RETURNING t.id
+    ),
+    -- The speed is computed from the row itself, so concurrent submits by one worker both land.
+    measured AS (
+        UPDATE {WORKERS} AS w SET
+            speed_samples = (w.speed_samples || %(sample)s::float8)
+                [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):],
+            speed = (SELECT avg(x) FROM unnest(
+                (w.speed_samples || %(sample)s::float8)
+                    [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):]) AS x),
+            completed_jobs = w.completed_jobs + 1
+        FROM accepted AS a WHERE w.id = a.worker_id
+        RETURNING w.id
+    )
+    -- Data-modifying WITH statements always run to completion, read or not.
+    SELECT count(*) FROM accepted
+"""
+
+
+# -- Endings: cancellation and restarts --------------------------------------------------------
+
+
+@cache
+def cancel_generations() -> str:
+    """Cancel processing generations (`ids`), each with its settlement information."""
+    return f"""
+        UPDATE {GENERATIONS} AS g
+        SET state = '{CANCELLED}', finished_at = %(now)s, settlement_information = v.settlement
+        FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(settlement)s::jsonb[]) AS settlement) AS v
+        WHERE g.id = v.id AND g.state = '{PROCESSING}'
+        """
+
+
+@cache
+def restart_requests() -> str:
+    """Give `added` aborted jobs back to each request (`ids`), or fault it: past `max`
+    restarts, or at once if its stream was committed. Returns (id, state, committed, kind)."""
+    fault = f"r.state = '{ACTIVE}' AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
+    return f"""
+        UPDATE {REQUESTS} AS r SET
+          restarts = r.restarts + v.added,
+          queued = CASE WHEN r.state = '{ACTIVE}' AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
+          state = CASE WHEN {fault} THEN '{FAULTED}' ELSE r.state END
+        FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
+        WHERE r.id = v.id
+        RETURNING r.id, r.state, r.stream_generation IS NOT NULL, r.kind
+        """
+
+
+# -- The stale pass ----------------------------------------------------------------------------
+
+# One stale pass at a time across every Celery worker (a transaction-scoped advisory lock).
+STALE_PASS_LOCK = "SELECT pg_try_advisory_xact_lock(%s)"
+
+# Why a request past its `expires_at` ended: its deadline, or its lifetime.
+_EXPIRY_REASON = (
+    "CASE WHEN r.deadline_at IS NOT NULL AND r.deadline_at <= r.expires_at"
+    " THEN 'generation_deadline_exceeded' ELSE 'request_expired' END"
+)
+
+
+@cache
+def ending_generations() -> str:
+    """Running generations of requests past their lifetime or deadline, locked, with why."""
+    return f"""
+        SELECT g.id, {_EXPIRY_REASON} FROM {GENERATIONS} AS g
+        JOIN {REQUESTS} AS r ON g.request_id = r.id
+        WHERE g.state = '{PROCESSING}' AND r.state = '{ACTIVE}' AND r.expires_at <= %(now)s
+        FOR UPDATE OF g
+        """
+
+
+@cache
+def expire_requests() -> str:
+    """Expire the requests past their lifetime or deadline; returns (id, kind, why)."""
+    return f"""
+        UPDATE {REQUESTS} AS r SET state = '{EXPIRED}', queued = 0
+        WHERE r.state = '{ACTIVE}' AND r.expires_at <= %(now)s
+        RETURNING r.id, r.kind, {_EXPIRY_REASON}
+        """
+
+
+@cache
+def abort_lapsed() -> str:
+    """Abort every processing generation whose lease ended before `now`.
+
+    The lapse test must sit in this UPDATE's own WHERE: a renewal committed while the pass
+    waits on the row lock is then re-checked against the renewed job_ttl. A subquery would
+    not be re-checked. Returns (id, request id, worker id, trusted at pop).
+    """
+    return f"""
+        UPDATE {GENERATIONS} SET state = '{ABORTED}', finished_at = %(now)s
+        WHERE state = '{PROCESSING}'
+          AND {lease_end_sql()} < %(now)s
+        RETURNING id, request_id, worker_id, trusted_at_pop
+        """
+
+
+# -- The status -------------------------------------------------------------------------------
+
+
+@cache
+def eligible_workers() -> str:
+    """Online workers the pop would offer request `request` to now: count, threads, tier 1s
+    and their mean speed (`jobs.eligibility.params` and `request`)."""
+    return (
+        f"SELECT count(*), coalesce(sum(w.threads), 0),"
+        f" count(*) FILTER (WHERE {eligibility.tier_sql('r', 'w', 'wa')} = 1), avg(w.speed)"
+        f" FROM {REQUESTS} AS r,"
+        f" {WORKERS} AS w JOIN {ACCOUNTS} AS wa ON wa.id = w.account_id"
+        f" WHERE r.id = %(request)s AND {ONLINE_SQL.format(w='w')} AND {eligibility.offer_sql()}"
+    )

@@ -1,0 +1,94 @@
+"""Every statement the workers app writes by hand, built from its models' tables and fields.
+
+Raw where a benchmark showed the ORM's compiling cost more than running the statement: the
+key lookup every authenticated call makes, the pop's check-in and the stale pass's abort
+counting. Each is built once (`cache`), after the models are loaded.
+"""
+
+from functools import cache
+
+from hordeops.rows import columns
+from workers.models import ANONYMOUS_API_KEY_HASH, Account, Worker
+
+
+@cache
+def account_for_api_key() -> str:
+    """The account of one key hash (`%s`)."""
+    return f"SELECT {columns(Account)} FROM {Account._meta.db_table} WHERE api_key_hash = %s"
+
+
+# What a worker declares at each pop, and the same as the statement's typed parameters.
+DECLARED = ("served_models", "max_length", "max_context_length", "threads", "nsfw", "chat", "bridge_agent")
+_DECLARED_NOW = (
+    "%(served_models)s::varchar[], %(max_length)s::integer, %(max_context_length)s::integer, "
+    "%(threads)s::smallint, %(nsfw)s::boolean, %(chat)s::boolean, %(bridge_agent)s::varchar"
+)
+
+
+@cache
+def check_in() -> str:
+    """Authenticate a pop's key and find, create or update the worker it names.
+
+    `caller` is the key's account (no row: an unknown key, so no row at all); `current` the
+    worker row as it stands; `written` the upsert, tried unless the caller is anonymous or the
+    row is the caller's, its last pop fresh and its declarations unchanged. An upsert on
+    another account's name writes nothing (its WHERE), and the row returned is then that
+    account's. Authenticating here saves the pop a round trip of its own. Columns left out of
+    the INSERT take their database defaults (the models' `db_default`).
+    """
+    worker = Worker._meta.db_table
+    return f"""
+    WITH caller AS (
+        SELECT {columns(Account)} FROM {Account._meta.db_table} WHERE api_key_hash = %(api_key_hash)s
+    ),
+    current AS (
+        SELECT {columns(Worker)} FROM {worker} WHERE name = %(name)s
+    ),
+    written AS (
+        INSERT INTO {worker} (id, name, account_id, {", ".join(DECLARED)}, created_at, last_pop_at)
+        SELECT gen_random_uuid(), %(name)s, caller.id, {_DECLARED_NOW}, %(now)s, %(now)s
+        FROM caller
+        WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}' AND NOT EXISTS (
+            SELECT FROM current AS c
+            WHERE c.account_id = caller.id
+              AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s
+              AND ({", ".join(f"c.{field}" for field in DECLARED)}) IS NOT DISTINCT FROM ({_DECLARED_NOW})
+        )
+        ON CONFLICT (name) DO UPDATE SET
+            {", ".join(f"{field} = EXCLUDED.{field}" for field in DECLARED)},
+            last_pop_at = EXCLUDED.last_pop_at
+        WHERE {worker}.account_id = EXCLUDED.account_id
+        RETURNING {columns(Worker)}
+    ),
+    worker AS (
+        SELECT * FROM written
+        UNION ALL
+        SELECT * FROM current WHERE NOT EXISTS (SELECT FROM written)
+    )
+    SELECT {columns(Account, "caller")}, {columns(Worker, "worker")} FROM caller LEFT JOIN worker ON true
+"""
+
+
+@cache
+def count_aborts() -> str:
+    """Add aborts to workers (`ids`, `added`) in their window, into maintenance past the threshold.
+
+    Every value is computed from the worker row itself (no self-join), so two passes or a
+    faulted submit racing the pass both count. The window is `Worker.ABORT_WINDOW`'s one
+    reading, as `Worker.aborts_in_window` reads it: `window_start` is now minus it.
+    """
+    expired = "(w.aborts_window_start IS NULL OR w.aborts_window_start < %(window_start)s)"
+    new = f"(CASE WHEN {expired} THEN v.added ELSE w.aborted_jobs + v.added END)"
+    over = f"({new} > %(threshold)s)"
+    return f"""
+        UPDATE {Worker._meta.db_table} AS w SET
+          aborted_jobs = CASE WHEN {over} THEN 0 ELSE {new} END,
+          aborts_window_start = CASE WHEN {expired} THEN %(now)s ELSE w.aborts_window_start END,
+          uncompleted_jobs = w.uncompleted_jobs + v.added,
+          maintenance = w.maintenance OR {over},
+          maintenance_reason = CASE WHEN NOT w.maintenance AND {over}
+                                    THEN %(reason)s ELSE w.maintenance_reason END
+        FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
+        WHERE w.id = v.id
+        RETURNING w.name, w.maintenance
+        """
