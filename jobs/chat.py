@@ -10,7 +10,7 @@ protocol's error event instead of a restart. A client that goes away cancels its
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 from uuid import UUID
@@ -201,6 +201,8 @@ async def _end(text_request: TextRequest, reason: str) -> None:
 
 
 async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
+    """A chat request from start to answer: queue it, wait for its first output, then answer
+    whole or as a stream. Any refusal before a stream starts is the protocol's error answer."""
     if request.method != "POST":
         return protocol.error_response(errors.MethodNotAllowed())
     try:
@@ -210,80 +212,105 @@ async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
     except (DatabaseError, redis.exceptions.RedisError):
         logger.exception("chat request could not be queued")
         return protocol.error_response(errors.ServiceUnavailable())
-
-    usage_prompt = services.prompt_tokens(text_request.prompt)
-    reply = Reply(id=protocol.reply_id(str(text_request.id)), model=call.model, prompt_tokens=usage_prompt)
-    follower = RequestRelay(text_request, stream=call.stream)
+    exchange = _Exchange(protocol, call, text_request, budget)
     try:
-        first = await _next(follower, budget)
-    except asyncio.CancelledError:
-        await follower.close()
-        await _end(text_request, "cancelled")
-        raise
-    except (errors.GenerationDeadlineExceeded, errors.UpstreamStreamInvalid) as err:
-        # Before commitment: a real status, and the job is cancelled, never replayed.
-        await follower.close()
-        await _end(text_request, err.code)
+        first = await exchange.first_output()
+    except errors.DomainError as err:
         return protocol.error_response(err)
-    except (redis.exceptions.RedisError, errors.ServiceUnavailable):
-        await follower.close()
-        return protocol.error_response(errors.ServiceUnavailable())
-
-    if first.kind == "failed":
-        await follower.close()
-        return protocol.error_response(_failure(first.reason))
     if not call.stream:
-        await follower.close()
-        usage = Usage(usage_prompt, first.tokens)
-        return JsonResponse(protocol.response(reply, first.text, first.finish_reason, usage))
+        return await exchange.whole_reply(first)
+    return exchange.streamed(first)
 
-    async def events() -> AsyncIterator[str]:
+
+class _Exchange:
+    """One queued chat request and its requester: the steps of `_serve` after the queueing."""
+
+    def __init__(
+        self, protocol: ChatProtocol, call: ChatCall, text_request: TextRequest, budget: Budget | None
+    ) -> None:
+        self.protocol, self.text_request, self.budget = protocol, text_request, budget
+        self.prompt_tokens = services.prompt_tokens(text_request.prompt)
+        self.reply = Reply(
+            id=protocol.reply_id(str(text_request.id)), model=call.model, prompt_tokens=self.prompt_tokens
+        )
+        self.follower = RequestRelay(text_request, stream=call.stream)
+
+    async def first_output(self) -> Output:
+        """The first thing to tell the requester, or the error that answers it instead.
+
+        Before commitment a deadline or an invalid upstream is a real status, and the job is
+        cancelled, never replayed; a requester that goes away cancels it too."""
+        try:
+            first = await _next(self.follower, self.budget)
+        except asyncio.CancelledError:
+            await self.follower.close()
+            await _end(self.text_request, "cancelled")
+            raise
+        except (errors.GenerationDeadlineExceeded, errors.UpstreamStreamInvalid) as err:
+            await self.follower.close()
+            await _end(self.text_request, err.code)
+            raise
+        except (redis.exceptions.RedisError, errors.ServiceUnavailable):
+            await self.follower.close()
+            raise errors.ServiceUnavailable() from None
+        if first.kind == "failed":
+            await self.follower.close()
+            raise _failure(first.reason)
+        return first
+
+    async def whole_reply(self, done: Output) -> HttpResponse:
+        await self.follower.close()
+        usage = Usage(self.prompt_tokens, done.tokens)
+        return JsonResponse(self.protocol.response(self.reply, done.text, done.finish_reason, usage))
+
+    def streamed(self, first: Output) -> StreamingHttpResponse:
+        response = StreamingHttpResponse(self._events(first), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+
+    async def _events(self, output: Output) -> AsyncIterator[str]:
+        """The stream: its start, each delta as it comes, then its end or error event. A
+        stream that stops short of its end (the client went away) cancels the request."""
         sent: list[str] = []
-        output = first
         finished = False
         try:
-            for chunk in protocol.stream_start(reply):
+            for chunk in self.protocol.stream_start(self.reply):
                 yield chunk
-            while True:
-                if output.kind == "delta":
-                    sent.append(output.text)
-                    for chunk in protocol.stream_delta(reply, output.text):
-                        yield chunk
-                elif output.kind == "done":
-                    streamed = "".join(sent)
-                    rest = output.text[len(streamed) :] if output.text.startswith(streamed) else ""
-                    if rest:
-                        for chunk in protocol.stream_delta(reply, rest):
-                            yield chunk
-                    usage = Usage(usage_prompt, output.tokens)
-                    for chunk in protocol.stream_end(reply, output.finish_reason, usage):
-                        yield chunk
-                    finished = True
-                    return
-                else:
-                    for chunk in protocol.stream_error(reply, _failure(output.reason)):
-                        yield chunk
-                    finished = True
-                    return
+            while output.kind == "delta":
+                sent.append(output.text)
+                for chunk in self.protocol.stream_delta(self.reply, output.text):
+                    yield chunk
                 try:
-                    output = await _next(follower, budget)
+                    output = await _next(self.follower, self.budget)
                 except errors.GenerationDeadlineExceeded as err:
                     # After commitment: the protocol's error event, then the stream just
                     # ends (no [DONE] or stop event, no fallback) and the job is cancelled.
-                    for chunk in protocol.stream_error(reply, err):
+                    for chunk in self.protocol.stream_error(self.reply, err):
                         yield chunk
                     finished = True
-                    await _end(text_request, err.code)
+                    await _end(self.text_request, err.code)
                     return
+            for chunk in self._ending(output, streamed="".join(sent)):
+                yield chunk
+            finished = True
         finally:
-            await follower.close()
+            await self.follower.close()
             if not finished:
-                await _end(text_request, "cancelled")
+                await _end(self.text_request, "cancelled")
 
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
+    def _ending(self, output: Output, *, streamed: str) -> Iterator[str]:
+        """A done stream's last deltas (what the final text holds beyond what was streamed)
+        and its end event; a failed one's error event."""
+        if output.kind != "done":
+            yield from self.protocol.stream_error(self.reply, _failure(output.reason))
+            return
+        rest = output.text[len(streamed) :] if output.text.startswith(streamed) else ""
+        if rest:
+            yield from self.protocol.stream_delta(self.reply, rest)
+        yield from self.protocol.stream_end(
+            self.reply, output.finish_reason, Usage(self.prompt_tokens, output.tokens)
+        )
 
 
 @csrf_exempt
