@@ -19,18 +19,16 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import bench_env, prepare_database  # noqa: E402
+
 DATABASE = "hordeops_bench_admin"
-os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
-os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/12"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
+os.environ.update(bench_env(DATABASE, 12))
 
 PAGES = (
     "/admin/",
@@ -55,11 +53,6 @@ PAGES = (
     "/admin/jobs/generation/?o=6",
     "/admin/jobs/generation/?p=900",
 )
-
-
-def _prepare_database() -> None:
-    subprocess.run([str(ROOT / "bin" / "services"), DATABASE], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True)
 
 
 def _fill(*, workers: int, generations: int) -> dict[str, int]:
@@ -123,7 +116,7 @@ def main() -> None:
     parser.add_argument("--renders", type=int, default=5)
     args = parser.parse_args()
 
-    _prepare_database()
+    prepare_database(DATABASE)
     import django
 
     django.setup()

@@ -51,6 +51,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import bench_env, prepare_database, reset_tables, start_stack  # noqa: E402
+
 DB_NAME = "hordeops_bench_fleet"
 MODEL = "fleet-model"
 SETTINGS = {
@@ -74,16 +76,7 @@ POP_IDLE_SECONDS = 0.3
 
 
 def _env(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    return {
-        **os.environ,
-        **SETTINGS,
-        **(overrides or {}),
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-        "REDIS_URL": "redis://127.0.0.1:6379/8",
-        "DJANGO_SETTINGS_MODULE": "hordeops.settings",
-        "LOG_LEVEL": "WARNING",
-        "PYTHONUNBUFFERED": "1",
-    }
+    return bench_env(DB_NAME, 8, **{**SETTINGS, **(overrides or {}), "PYTHONUNBUFFERED": "1"})
 
 
 def _note(text: str) -> None:
@@ -318,61 +311,18 @@ def _requester_process(base: str, api_key: str, threads: int, quota: int, index:
 
 
 def _start_stack(port: int, rundir: Path, overrides: dict[str, str] | None = None) -> list[subprocess.Popen]:
-    env = _env(overrides)
-    python = str(ROOT / ".venv" / "bin" / "python")
-    logs = {name: open(rundir / f"{name}.log", "w") for name in ("web", "celery", "beat")}  # noqa: SIM115
-    processes = [
-        subprocess.Popen(
-            [str(ROOT / ".venv/bin/gunicorn"), "hordeops.asgi:application",
-             "-k", "uvicorn.workers.UvicornWorker", "-w", "3", "-b", f"127.0.0.1:{port}",
-             "--log-level", "warning", "--forwarded-allow-ips", ""],
-            cwd=ROOT, env=env, stdout=logs["web"], stderr=subprocess.STDOUT,
-        ),
-        subprocess.Popen(
-            [python, "-m", "celery", "-A", "hordeops", "worker", "--pool=solo", "--loglevel=WARNING",
-             "--without-heartbeat", "--without-gossip", "--without-mingle"],
-            cwd=ROOT, env=env, stdout=logs["celery"], stderr=subprocess.STDOUT,
-        ),
-        subprocess.Popen(
-            [python, "-m", "celery", "-A", "hordeops", "beat", "--loglevel=WARNING",
-             f"--schedule={rundir / 'beat-schedule'}"],
-            cwd=ROOT, env=env, stdout=logs["beat"], stderr=subprocess.STDOUT,
-        ),
-    ]  # fmt: skip
-    import httpx
-
-    for _ in range(150):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/api/v2/status/heartbeat").status_code == 200:
-                return processes
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the stack did not come up")
+    return start_stack(port, rundir, _env(overrides), web_workers=3)
 
 
 def _prepare(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    subprocess.run([str(ROOT / "bin" / "services"), DB_NAME], check=True)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-        cwd=ROOT,
-        env=_env(overrides),
-        check=True,
-    )
+    prepare_database(DB_NAME, _env(overrides))
     os.environ.update(_env(overrides))
     import django
 
     django.setup()
-    from django.db import connection
-    from django_redis import get_redis_connection
-
-    from workers.models import Account
     from workers.services import create_account
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs_generation, jobs_textrequest, workers_worker CASCADE")
-    Account.objects.exclude(name="Anonymous").delete()
-    get_redis_connection("default").flushdb()
+    reset_tables()
     keys = {}
     for name, trusted in (("requester", False), ("trusted", True), ("untrusted", False)):
         _, keys[name] = create_account(name=f"fleet-{name}", trusted=trusted)

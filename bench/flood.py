@@ -34,7 +34,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.route_throughput import _free_port, _percentile, _prepare_database, _start_server  # noqa: E402
+from bench.common import (  # noqa: E402
+    bench_env,
+    free_port,
+    percentile,
+    prepare_database,
+    reset_tables,
+    start_web,
+)
 
 DB_NAME = "hordeops_bench_flood"
 MODEL = "flood-model"
@@ -42,14 +49,7 @@ ANONYMOUS_API_KEY = "0000000000"
 
 
 def _env(bounds: bool) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-        "REDIS_URL": "redis://127.0.0.1:6379/9",
-        "DJANGO_SETTINGS_MODULE": "hordeops.settings",
-        "LOG_LEVEL": "WARNING",
-        "TRUSTED_PROXIES": "127.0.0.1",
-    }
+    env = bench_env(DB_NAME, 9, TRUSTED_PROXIES="127.0.0.1")
     if not bounds:
         env.update(
             ACCOUNT_MAX_WAITING_REQUESTS="1000000",
@@ -118,16 +118,9 @@ def _worker(port: int, api_key: str, name: str, stop: threading.Event, pops: lis
 
 
 def _reset() -> dict[str, str]:
-    from django.db import connection
-    from django_redis import get_redis_connection
-
-    from workers.models import Account
     from workers.services import create_account
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs_generation, jobs_textrequest, workers_worker CASCADE")
-    Account.objects.exclude(name="Anonymous").delete()
-    get_redis_connection("default").flushdb()
+    reset_tables()
     return {name: create_account(name=f"flood-{name}")[1] for name in ("heavy", "light", "owner")}
 
 
@@ -145,8 +138,8 @@ def _light_waits(ids: list[str]) -> dict:
         "requests": len(ids),
         "never_popped": never,
         "queued_to_popped_ms": {
-            "p50": round(_percentile(waits, 0.5), 1),
-            "p99": round(_percentile(waits, 0.99), 1),
+            "p50": round(percentile(waits, 0.5), 1),
+            "p99": round(percentile(waits, 0.99), 1),
             "max": round(max(waits), 1),
         },
     }
@@ -158,7 +151,7 @@ def main() -> None:
     parser.add_argument("--bounds", choices=("on", "off"), default="on")
     args = parser.parse_args()
     env = _env(args.bounds == "on")
-    _prepare_database(DB_NAME, env)
+    prepare_database(DB_NAME, env)
     os.environ.update(env)
     import django
 
@@ -167,8 +160,8 @@ def main() -> None:
     from django.db import connection
 
     connection.close()
-    port = _free_port()
-    server = _start_server(port, 2, env)
+    port = free_port()
+    server = start_web(port, 2, env)
     try:
         stop = threading.Event()
         heavy, anonymous, light, pops, light_ids = Counter(), Counter(), Counter(), [], []
@@ -210,8 +203,8 @@ def main() -> None:
             "light_account": {"answers": dict(light), **_light_waits(light_ids)},
             "pop_ms": {
                 "calls": len(pops),
-                "p50": round(_percentile(pops, 0.5), 1),
-                "p99": round(_percentile(pops, 0.99), 1),
+                "p50": round(percentile(pops, 0.5), 1),
+                "p99": round(percentile(pops, 0.99), 1),
             },
             "waiting_at_end": dict(queued),
         }

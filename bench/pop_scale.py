@@ -24,8 +24,9 @@ The target (the issue): a large pop costs no more than three times a small one.
 
 Printed, as one JSON object: the machine (cores, the 1-minute load average between blocks:
 the machine may be shared, so read the figures against it); per scenario the pop's wall time
-(median, p90, mean), the part of it spent in the pop query alone (`jobs.sql.pop`,
-run with `pop_params`: the popping worker's values as constants), the share of pops that got
+(median, p90, mean), the part of it spent in the pop's claiming statement (`jobs.sql.claim`:
+the pop query `jobs.sql.pop`, run with `pop_params`, the popping worker's values as
+constants, and the take and the insert of its generations), the share of pops that got
 a job and by fallback tier, and the SQL statements per pop; the large/small ratios and
 `target_met`. For the large fleet also: EXPLAIN (ANALYZE, BUFFERS) of the pop query for a
 slow and a fast worker (the full plans go to a text file under /tmp whose path is printed),
@@ -42,7 +43,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,14 +52,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import bench_env, percentile, prepare_database  # noqa: E402
+
 # One database per scenario, so that the two can be timed in alternating blocks: a drift in
 # the machine's load then weighs on both alike.
 DATABASES = {"small": "hordeops_bench_scale", "large": "hordeops_bench_scale_large"}
-DB_URL = "postgres://postgres@127.0.0.1:5432/{}"
-os.environ["DATABASE_URL"] = DB_URL.format(DATABASES["small"])
-os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/12"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
+os.environ.update(bench_env(DATABASES["small"], 12))
 
 MODELS = [f"scale-model-{i:02d}" for i in range(20)]
 UNSERVED_MODEL = "scale-model-nobody-asks"
@@ -76,34 +74,20 @@ VACUUM_EVERY = 25
 MISS_SAMPLES, FALLBACK_SAMPLES = 20, 40
 
 
-def _prepare_database(name: str) -> None:
-    subprocess.run([str(ROOT / "bin" / "services"), name], check=True)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": DB_URL.format(name)},
-        check=True,
-    )
-
-
 def _use(name: str) -> None:
     """Point the default connection at another database (reconnects on the next query)."""
     from django.db import connection
 
     connection.close()
+    connection.close_pool()  # a pool keeps its connections to the database it was made for
     connection.settings_dict["NAME"] = name
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _stats(seconds: list[float]) -> dict[str, float]:
     ms = [s * 1000 for s in seconds]
     return {
         "median_ms": round(statistics.median(ms), 3),
-        "p90_ms": round(_percentile(ms, 0.90), 3),
+        "p90_ms": round(percentile(ms, 0.90), 3),
         "mean_ms": round(statistics.fmean(ms), 3),
     }
 
@@ -217,9 +201,9 @@ class _Statements:
     """An execute wrapper: counts the statements of a pop and times the pop query apart."""
 
     def __init__(self) -> None:
-        from jobs.sql import pop as pop_sql
+        from jobs.sql import claim
 
-        self.pop_sql = pop_sql()
+        self.pop_sql = claim()  # the pop's one statement: the pop query, its take and its insert
         self.count = 0
         self.sql_seconds = 0.0
         self.pop_query_seconds = 0.0
@@ -487,7 +471,7 @@ def main() -> None:
     args = parser.parse_args()
 
     for name in DATABASES.values():
-        _prepare_database(name)
+        prepare_database(name)
     import django
 
     django.setup()

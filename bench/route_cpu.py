@@ -24,28 +24,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.route_throughput import (  # noqa: E402
-    _env,
-    _fill_queue,
-    _free_port,
-    _prepare_database,
-    _start_server,
-    pop_body,
+from bench.common import (  # noqa: E402
+    cpu_seconds,
+    free_port,
+    prepare_database,
     python_loop_seconds,
+    start_web,
 )
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # a PostgreSQL backend that ended meanwhile
-        total += int(fields[11]) + int(fields[12])
-    return total / TICKS
+from bench.route_throughput import DB_NAME, _env, _fill_queue, pop_body  # noqa: E402
 
 
 def _postgres_pids() -> list[int]:
@@ -65,7 +51,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=600)
     parser.add_argument("--queued", type=int, default=10_000)
     args = parser.parse_args()
-    _prepare_database()
+    prepare_database(DB_NAME, _env())
     os.environ.update(_env())
     import django
 
@@ -74,8 +60,8 @@ def main() -> None:
     from django.db import connection
 
     connection.close()
-    port = _free_port()
-    server = _start_server(port, 1)
+    port = free_port()
+    server = start_web(port, 1, _env())
     try:
         http_ = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         worker_pid = int(Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()[0])
@@ -96,14 +82,14 @@ def main() -> None:
 
         def measure(calls: int, send) -> dict:
             postgres = _postgres_pids()
-            web0, pg0, wall0 = _cpu_seconds([worker_pid]), _cpu_seconds(postgres), time.perf_counter()
+            web0, pg0, wall0 = cpu_seconds([worker_pid]), cpu_seconds(postgres), time.perf_counter()
             for i in range(calls):
                 send(i)
             wall = time.perf_counter() - wall0
             return {
                 "calls": calls,
-                "web_cpu_ms": round((_cpu_seconds([worker_pid]) - web0) / calls * 1000, 2),
-                "postgres_cpu_ms": round((_cpu_seconds(postgres) - pg0) / calls * 1000, 2),
+                "web_cpu_ms": round((cpu_seconds([worker_pid]) - web0) / calls * 1000, 2),
+                "postgres_cpu_ms": round((cpu_seconds(postgres) - pg0) / calls * 1000, 2),
                 "wall_ms": round(wall / calls * 1000, 2),
             }
 

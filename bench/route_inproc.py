@@ -31,13 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.route_throughput import (  # noqa: E402
-    _env,
-    _fill_queue,
-    _prepare_database,
-    pop_body,
-    python_loop_seconds,
-)
+from bench.common import prepare_database, python_loop_seconds  # noqa: E402
+from bench.route_throughput import DB_NAME, _env, _fill_queue, pop_body  # noqa: E402
 
 
 class InlineExecutor(concurrent.futures.Executor):
@@ -58,7 +53,7 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=5000)
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
     args = parser.parse_args()
-    _prepare_database()
+    prepare_database(DB_NAME, _env())
     os.environ.update(_env())
     # The view runs on the event loop's thread here, which Django refuses by default.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"

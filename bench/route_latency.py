@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,27 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import bench_env, free_port, percentile, prepare_database  # noqa: E402
+
 DB_NAME = "hordeops_bench"
-os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/13"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _prepare_database() -> None:
-    subprocess.run([str(ROOT / "bin" / "services"), DB_NAME], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+os.environ.update(bench_env(DB_NAME, 13))
 
 
 def _figures(samples: list[float]) -> dict[str, float]:
@@ -51,7 +33,7 @@ def _figures(samples: list[float]) -> dict[str, float]:
     return {
         "calls": len(ms),
         "median_ms": round(statistics.median(ms), 2),
-        "p99_ms": round(_percentile(ms, 0.99), 2),
+        "p99_ms": round(percentile(ms, 0.99), 2),
         "mean_ms": round(statistics.fmean(ms), 2),
         "calls_per_second_sequential": round(len(ms) / sum(samples), 1),
     }
@@ -65,9 +47,10 @@ def _progress_throughput(base, worker_key, chat, requester, create_chat_request,
 
     jobs = []
     with httpx.Client(base_url=base, headers={"apikey": worker_key}, timeout=30) as client:
-        for n in range(threads):
-            body = {**chat, "name": f"bench-chat-{n}"}
-            client.post("/api/v2/generate/text/pop", json=body)
+        # Every job to the one measured chat worker: a new, unmeasured one would be held back
+        # by the speed gate while a faster worker is online, and pop nothing.
+        body = chat
+        for _ in range(threads):
             create_chat_request(
                 account=requester,
                 model="bench-model",
@@ -118,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     queued = max(args.queued, args.calls + 1)  # the warm-up pop takes one
 
-    _prepare_database()
+    prepare_database(DB_NAME)
     import django
 
     django.setup()
@@ -149,7 +132,7 @@ def main() -> None:
         for i in range(queued)
     )
 
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [
             sys.executable,

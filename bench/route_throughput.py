@@ -31,9 +31,7 @@ import json
 import multiprocessing
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -41,30 +39,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import (  # noqa: E402
+    bench_env,
+    free_port,
+    percentile,
+    prepare_database,
+    python_loop_seconds,
+    reset_tables,
+    start_web,
+)
+
 DB_NAME = "hordeops_bench_routes"
-REDIS_URL = "redis://127.0.0.1:6379/10"
 MODELS = [f"model-{i}" for i in range(20)]
 
 
 def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-        "REDIS_URL": REDIS_URL,
-        "DJANGO_SETTINGS_MODULE": "hordeops.settings",
-        "LOG_LEVEL": "WARNING",
-    }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return bench_env(DB_NAME, 10)
 
 
 # --- the load processes -------------------------------------------------------------------
@@ -183,68 +173,20 @@ def _load_process(
 # --- the main process ------------------------------------------------------------------------
 
 
-def _prepare_database(db_name: str = DB_NAME, env: dict[str, str] | None = None) -> None:
-    """Create the bench database if missing and migrate it (`env`: the bench's environment)."""
-    subprocess.run([str(ROOT / "bin" / "services"), db_name], check=True)
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env or _env(), check=True
-    )
-
-
 def _fill_queue(queued: int) -> str:
     """Empty the tables, queue `queued` requests; return the bench worker owner's API key."""
     from django.db import connection
 
     from bench.fill import fill
-    from workers.models import Account
     from workers.services import create_account
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs_generation, jobs_textrequest, workers_worker CASCADE")
-    Account.objects.exclude(name="Anonymous").delete()
+    reset_tables()
     fill(accounts=20)
     _, api_key = create_account(name="bench-owner", trusted=True)
     fill(queued=queued, n=20 if queued < 1000 else 1)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE jobs_generation, jobs_textrequest, workers_worker, workers_account")
-    import django_redis
-
-    django_redis.get_redis_connection("default").flushdb()
     return api_key
-
-
-def _start_server(port: int, web_workers: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """gunicorn with `web_workers` uvicorn workers on `port`, once its heartbeat answers."""
-    server = subprocess.Popen(
-        [
-            str(ROOT / ".venv" / "bin" / "gunicorn"),
-            "hordeops.asgi:application",
-            "-k",
-            "uvicorn.workers.UvicornWorker",
-            "-w",
-            str(web_workers),
-            "-b",
-            f"127.0.0.1:{port}",
-            "--log-level",
-            "warning",
-            "--forwarded-allow-ips",
-            "",
-        ],
-        cwd=ROOT,
-        env=env or _env(),
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            probe.request("GET", "/api/v2/status/heartbeat")
-            if probe.getresponse().status == 200:
-                return server
-        except OSError:
-            pass
-        time.sleep(0.2)
-    server.terminate()
-    raise RuntimeError("gunicorn did not come up")
 
 
 def _phase_figures(outs: list[dict], phase: str) -> dict:
@@ -259,7 +201,7 @@ def _phase_figures(outs: list[dict], phase: str) -> dict:
         "calls": len(ms),
         "requests_per_second": round(len(ms) / wall, 1),
         "p50_ms": round(statistics.median(ms), 1),
-        "p99_ms": round(_percentile(ms, 0.99), 1),
+        "p99_ms": round(percentile(ms, 0.99), 1),
         "max_ms": round(max(ms), 1),
         "non_200": len(errors),
         "non_200_sample": errors[:3],
@@ -268,8 +210,8 @@ def _phase_figures(outs: list[dict], phase: str) -> dict:
 
 def _run(queued: int, args) -> dict:
     api_key = _fill_queue(queued)
-    port = _free_port()
-    server = _start_server(port, args.web_workers)
+    port = free_port()
+    server = start_web(port, args.web_workers, _env())
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(args.clients * args.threads)
     queue = context.Queue()
@@ -299,21 +241,6 @@ def _run(queued: int, args) -> dict:
     }
 
 
-def python_loop_seconds() -> float:
-    """Seconds for ten million additions in a Python loop, best of three: the VM's speed.
-
-    The same 2-core VM has run the same code at half the speed on another day; figures
-    from different days compare only beside this one.
-    """
-    best = float("inf")
-    for _ in range(3):
-        started, total = time.process_time(), 0
-        for i in range(10_000_000):
-            total += i
-        best = min(best, time.process_time() - started)
-    return round(best, 3)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queued", default="100,10000,100000")
@@ -326,7 +253,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    _prepare_database()
+    prepare_database(DB_NAME, _env())
     os.environ.update(_env())
     import django
 

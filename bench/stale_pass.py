@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -33,16 +32,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.common import bench_env, prepare_database  # noqa: E402
+
 DB_NAME = "hordeops_bench_stale"
-os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/9"
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
-os.environ.setdefault("LOG_LEVEL", "WARNING")
-
-
-def _prepare_database() -> None:
-    subprocess.run([str(ROOT / "bin" / "services"), DB_NAME], check=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True)
+os.environ.update(bench_env(DB_NAME, 9))
 
 
 def _fill(count: int, *, popped_seconds_ago: int) -> None:
@@ -131,7 +124,7 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    _prepare_database()
+    prepare_database(DB_NAME)
     import django
 
     django.setup()

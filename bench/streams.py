@@ -47,16 +47,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.route_throughput import (  # noqa: E402
-    _free_port,
-    _percentile,
-    _prepare_database,
-    _start_server,
+from bench.common import (  # noqa: E402
+    bench_env,
+    cpu_seconds,
+    free_port,
+    percentile,
+    prepare_database,
     python_loop_seconds,
+    reset_tables,
+    start_web,
 )
 
 DB_NAME = "hordeops_bench_streams"
-REDIS_URL = "redis://127.0.0.1:6379/11"
 MODEL = "bench/streams-8B"
 OTHER_MODEL = "bench/nobody-asks-8B"
 PER_ACCOUNT = 25
@@ -68,15 +70,8 @@ STREAM_TIMEOUT_SECONDS = 900
 
 
 def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-        "REDIS_URL": REDIS_URL,
-        "DJANGO_SETTINGS_MODULE": "hordeops.settings",
-        "LOG_LEVEL": "WARNING",
-        # Every requester here is 127.0.0.1: the streams, not the rate limits, are measured.
-        "ADDRESS_RATE_PER_SECOND": "0",
-    }
+    # Every requester here is 127.0.0.1: the streams, not the rate limits, are measured.
+    return bench_env(DB_NAME, 11, ADDRESS_RATE_PER_SECOND="0")
 
 
 def _summary(ms: list[float]) -> dict:
@@ -85,7 +80,7 @@ def _summary(ms: list[float]) -> dict:
     return {
         "count": len(ms),
         "p50_ms": round(statistics.median(ms), 2),
-        "p99_ms": round(_percentile(ms, 0.99), 2),
+        "p99_ms": round(percentile(ms, 0.99), 2),
         "max_ms": round(max(ms), 2),
     }
 
@@ -239,16 +234,9 @@ def worker_process(port: int, api_key: str, index: int, threads: int, args: dict
 
 def _reset(streams: int) -> tuple[list[str], str]:
     """Empty the tables and Redis; make the requesters' accounts; return their keys and an owner's."""
-    from django.db import connection
-    from django_redis import get_redis_connection
-
-    from workers.models import Account
     from workers.services import create_account
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs_generation, jobs_textrequest, workers_worker CASCADE")
-    Account.objects.exclude(name="Anonymous").delete()
-    get_redis_connection("default").flushdb()
+    reset_tables()
     keys = [create_account(name=f"streams-{i}")[1] for i in range(-(-streams // PER_ACCOUNT))]
     _, owner = create_account(name="streams-owner", trusted=True)
     return keys, owner
@@ -268,18 +256,6 @@ def _rss_kb(pids: list[int]) -> int:
             if line.startswith("VmRSS:"):
                 total += int(line.split()[1])
     return total
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
 
 
 def _pids(name: str) -> list[int]:
@@ -337,12 +313,12 @@ def _queued() -> int:
 
 def _run(streams: int, args) -> dict:
     keys, owner = _reset(streams)
-    requester_port = _free_port()
-    servers = [_start_server(requester_port, args.web_workers, _env())]
+    requester_port = free_port()
+    servers = [start_web(requester_port, args.web_workers, _env())]
     worker_port = requester_port
     if args.split:
-        worker_port = _free_port()
-        servers.append(_start_server(worker_port, args.web_workers, _env()))
+        worker_port = free_port()
+        servers.append(start_web(worker_port, args.web_workers, _env()))
     web_by_server = [[server.pid, *_children(server.pid)] for server in servers]
     web = [pid for pids in web_by_server for pid in pids]
     context = multiprocessing.get_context("spawn")
@@ -406,7 +382,7 @@ def _run(streams: int, args) -> dict:
             "requester": [requester.pid],
             "workers": [process.pid for process in workers],
         }
-        cpu_before = {role: _cpu_seconds(pids) for role, pids in roles.items()}
+        cpu_before = {role: cpu_seconds(pids) for role, pids in roles.items()}
         max_db, max_redis = 0, 0
         while not finished.is_set() and requester.is_alive():
             max_db = max(max_db, _database_connections())
@@ -414,7 +390,7 @@ def _run(streams: int, args) -> dict:
             time.sleep(0.5)
         serving_seconds = time.monotonic() - serving_started
         cores = {
-            role: round((_cpu_seconds(pids) - cpu_before[role]) / serving_seconds, 2)
+            role: round((cpu_seconds(pids) - cpu_before[role]) / serving_seconds, 2)
             for role, pids in roles.items()
         }
         stop.set()
@@ -467,7 +443,7 @@ def main() -> None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers and the requester inherit it
-    _prepare_database(DB_NAME, _env())
+    prepare_database(DB_NAME, _env())
     os.environ.update(_env())
     import django
 

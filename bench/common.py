@@ -1,0 +1,154 @@
+"""What the benchmarks share: their databases, the stack they start, the figures they print.
+
+`bench/` imports the product (to fill tables and call services in-process); the product
+never imports `bench/`. Each benchmark has a database and a Redis database of its own, so
+that they never disturb each other, the tests or a running stack.
+"""
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".venv" / "bin"
+
+
+def database_url(name: str) -> str:
+    return f"postgres://postgres@127.0.0.1:5432/{name}"
+
+
+def bench_env(database: str, redis_db: int, **settings: str) -> dict[str, str]:
+    """The environment of a bench's servers (and of its own process, once applied): its own
+    database and Redis database, warnings only, and any settings it overrides."""
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url(database),
+        "REDIS_URL": f"redis://127.0.0.1:6379/{redis_db}",
+        "DJANGO_SETTINGS_MODULE": "hordeops.settings",
+        "LOG_LEVEL": "WARNING",
+        **settings,
+    }
+
+
+def prepare_database(name: str, env: dict[str, str] | None = None) -> None:
+    """Start PostgreSQL and Redis if needed, create the database if missing, migrate it."""
+    subprocess.run([str(ROOT / "bin" / "services"), name], check=True)
+    env = env or {**os.environ, "DATABASE_URL": database_url(name)}
+    migrate = [sys.executable, "manage.py", "migrate", "--noinput", "-v0"]
+    subprocess.run(migrate, cwd=ROOT, env=env, check=True)
+
+
+def reset_tables() -> None:
+    """Empty the horde's tables (truncated: no dead rows of an earlier run linger) and Redis;
+    the anonymous account stays. Needs Django set up."""
+    from django.db import connection
+    from django_redis import get_redis_connection
+
+    from jobs.models import Generation, TextRequest
+    from workers.models import Account, Worker
+
+    tables = ", ".join(m._meta.db_table for m in (Generation, TextRequest, Worker))
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {tables} CASCADE")
+    Account.objects.exclude(name="Anonymous").delete()
+    get_redis_connection("default").flushdb()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def wait_for_heartbeat(port: int, *, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            probe.request("GET", "/api/v2/status/heartbeat")
+            if probe.getresponse().status == 200:
+                return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def start_web(port: int, web_workers: int, env: dict[str, str], *, log=None) -> subprocess.Popen:
+    """gunicorn with `web_workers` uvicorn workers on `port`, as `bin/stack` runs it (no proxy
+    trusted: every client is its peer), once its heartbeat answers."""
+    server = subprocess.Popen(
+        [str(VENV / "gunicorn"), "hordeops.asgi:application", "-k", "uvicorn.workers.UvicornWorker",
+         "-w", str(web_workers), "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+         "--forwarded-allow-ips", ""],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
+    )  # fmt: skip
+    if not wait_for_heartbeat(port):
+        server.terminate()
+        raise RuntimeError("gunicorn did not come up")
+    return server
+
+
+def start_stack(
+    port: int, rundir: Path, env: dict[str, str], *, web_workers: int = 3
+) -> list[subprocess.Popen]:
+    """The whole stack, as `bin/stack` runs it: the web app, a Celery worker and beat (its
+    stale pass), each logging to `rundir`."""
+    python = str(VENV / "python")
+    logs = {name: open(rundir / f"{name}.log", "w") for name in ("web", "celery", "beat")}  # noqa: SIM115
+    celery = [
+        subprocess.Popen(
+            [python, "-m", "celery", "-A", "hordeops", "worker", "--pool=solo", "--loglevel=WARNING",
+             "--without-heartbeat", "--without-gossip", "--without-mingle"],
+            cwd=ROOT, env=env, stdout=logs["celery"], stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            [python, "-m", "celery", "-A", "hordeops", "beat", "--loglevel=WARNING",
+             f"--schedule={rundir / 'beat-schedule'}"],
+            cwd=ROOT, env=env, stdout=logs["beat"], stderr=subprocess.STDOUT,
+        ),
+    ]  # fmt: skip
+    try:
+        web = start_web(port, web_workers, env, log=logs["web"])
+    except RuntimeError:
+        for process in celery:
+            process.terminate()
+        raise RuntimeError("the stack did not come up") from None
+    return [web, *celery]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU time of these processes so far (those that ended are skipped)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def python_loop_seconds() -> float:
+    """Seconds for ten million additions in a Python loop, best of three: the VM's speed.
+
+    The same 2-core VM has run the same code at half the speed on another day; figures
+    from different days compare only beside this one.
+    """
+    best = float("inf")
+    for _ in range(3):
+        started, total = time.process_time(), 0
+        for i in range(10_000_000):
+            total += i
+        best = min(best, time.process_time() - started)
+    return round(best, 3)
