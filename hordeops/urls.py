@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from hordeops import api
 from hordeops.views import HeartbeatView
-from jobs import chat
+from jobs import chat, chat_models
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -13,6 +13,8 @@ urlpatterns = [
     path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
     path("v1/responses", chat.responses, name="responses"),
     path("v1/messages", chat.messages, name="messages"),
+    path("v1/models", chat_models.models, name="models"),
+    path("v1/models/<path:model_id>", chat_models.model, name="model"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("", include("django_prometheus.urls")),
 ]

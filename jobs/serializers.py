@@ -139,7 +139,7 @@ class TextAsyncInput(serializers.Serializer):
 
 class TextAsyncOutput(serializers.Serializer):
     id = serializers.UUIDField(required=False)
-    kudos = serializers.FloatField()
+    kudos = serializers.IntegerField()
     message = serializers.CharField(required=False)
 
 

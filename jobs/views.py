@@ -61,7 +61,7 @@ class TextAsyncView(APIView):
         # The deadline bounds the request's life: it expires when the budget runs out.
         deadline_at = budget.deadline_at(clock.now()) if budget else None
         params = dict(data.get("params") or {"n": 1, "max_length": 80, "max_context_length": 2048})
-        text_request, kudos = services.create_text_request(
+        queued = services.create_text_request(
             account=account,
             prompt=data["prompt"],
             params=params,
@@ -72,9 +72,12 @@ class TextAsyncView(APIView):
             dry_run=data["dry_run"],
             deadline_at=deadline_at,
         )
-        if text_request is None:
-            return Response({"kudos": kudos}, status=200)
-        return Response({"id": text_request.id, "kudos": kudos}, status=202)
+        if queued.request is None:
+            return Response({"kudos": queued.kudos}, status=200)
+        answer = {"id": queued.request.id, "kudos": queued.kudos}
+        if queued.warning:
+            answer["message"] = queued.warning
+        return Response(answer, status=202)
 
 
 def _request_id(raw: str) -> UUID:

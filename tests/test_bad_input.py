@@ -858,10 +858,12 @@ def test_a_pop_under_a_name_owned_by_another_account_is_refused_with_WrongCreden
 @pytest.mark.parametrize(
     "models", [["no-such-model"], ["m2", "m3"], ["x" * 255]], ids=["one", "several", "long-name"]
 )
-def test_an_unknown_model_on_async_is_refused_with_UnknownModel(requester, owner, models):
+def test_an_unknown_model_on_async_is_queued_with_a_warning_as_the_ai_horde_does(requester, owner, models):
     owner.pop("worker-1")
-    assert_refused(requester.request_text(models=models), 400, "UnknownModel")
-    assert not TextRequest.objects.exists()
+    created = requester.request_text(models=models)
+    assert created.status_code == 202
+    assert created.json()["message"].startswith("Warning: No available workers")
+    assert TextRequest.objects.get().requested_models == models
 
 
 def test_an_unknown_worker_id_on_async_is_refused_with_WorkerNotFound(requester, owner):
@@ -930,7 +932,7 @@ def test_no_log_record_carries_prompt_or_response_text(every_log_record, request
     request_id = created.json()["id"]
     # Refused requests carrying the same texts must not log them either.
     assert_refused(requester.request_text(prompt, params={"max_length": 4096}), 400, "TokenOverflow")
-    assert_refused(requester.request_text(prompt, models=["nope"]), 400, "UnknownModel")
+    assert requester.request_text(prompt, models=["nope"]).status_code == 202  # queued, with a warning
     assert_refused(requester.request_text(prompt, params={"n": 10**30}), 400, "ValidationError")
     popped = owner.pop("worker-1").json()
     assert popped["payload"]["prompt"] == prompt

@@ -74,6 +74,17 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         """Workers that popped within WORKER_ONLINE_SECONDS (the eligibility rule's own test)."""
         return self.filter(last_pop_at__gte=online_since(now))
 
+    def chat_models(self, now: datetime) -> dict[str, datetime]:
+        """The models online chat workers serve now, sorted, each with when the first of those
+        workers was created: what the `/v1` routes offer."""
+        first: dict[str, datetime] = {}
+        for served, created_at in (
+            self.online(now).filter(chat=True).values_list("served_models", "created_at")
+        ):
+            for model in served:
+                first[model] = min(first.get(model, created_at), created_at)
+        return dict(sorted(first.items()))
+
 
 class Worker(models.Model):
     """A volunteer's LLM server, created by its first pop under a name."""

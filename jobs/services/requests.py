@@ -3,6 +3,7 @@ the fair order; committing a chat stream to one generation."""
 
 import logging
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -12,6 +13,7 @@ from django.db import transaction
 
 from hordeops import clock, errors
 from jobs.models import Generation, TextRequest
+from jobs.status import eligible_workers
 from workers.models import Account, Worker
 
 logger = logging.getLogger(__name__)
@@ -27,10 +29,24 @@ def estimate_tokens(text: str, max_length: int) -> int:
     return min(max_length, max(20, prompt_tokens(text)))
 
 
-def _require_known_models(models: list[str]) -> None:
-    """A model is known while some registered worker declares it."""
-    if models and not Worker.objects.filter(served_models__overlap=models).exists():
-        raise errors.UnknownModel("No worker serves any of the requested models: " + ", ".join(models[:5]))
+# The AI Horde's words for a request that no worker can serve now: it is queued all the same.
+NO_WORKER_WARNING = (
+    "Warning: No available workers can fulfill this request. It will expire in 20 minutes. "
+    "Consider reducing the amount of tokens to generate."
+)
+
+
+@dataclass(frozen=True)
+class QueuedText:
+    request: TextRequest | None  # None on a dry run
+    kudos: int
+    warning: str | None = None  # NO_WORKER_WARNING when no online worker may be offered it
+
+
+def _require_online_chat_model(model: str, now: datetime) -> None:
+    """A chat route's model must be one an online chat worker serves now (`/v1/models`)."""
+    if not Worker.objects.online(now).filter(chat=True, served_models__overlap=[model]).exists():
+        raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
 
 
 def create_text_request(
@@ -45,23 +61,27 @@ def create_text_request(
     dry_run: bool,
     deadline_at: datetime | None = None,
     now: datetime | None = None,
-) -> tuple[TextRequest | None, float]:
-    """Queue a text request; return it (None on a dry run) and its kudos estimate."""
+) -> QueuedText:
+    """Queue a text request; return it (None on a dry run), its kudos estimate, and a warning
+    when no online worker may be offered it now.
+
+    As on the AI Horde, a request is accepted whatever models it names, even when no worker
+    serves them (yet): one may start, or restart and redeclare its models, within the
+    request's life."""
     now = now or clock.now()
     n = params.pop("n", 1)
     max_length = params.get("max_length", 80)
     max_context_length = params.get("max_context_length", 2048)
     if max_context_length < max_length:
         raise errors.TokenOverflow()
-    kudos = round(max_length * n / 10, 2)
-    _require_known_models(models)
+    kudos = round(max_length * n / 10)  # the AI Horde answers whole kudos
     if workers:
         known = set(Worker.objects.filter(pk__in=workers).values_list("pk", flat=True))
         missing = [str(w) for w in workers if w not in known]
         if missing:
             raise errors.WorkerNotFound(f"No worker with id {missing[0]}.")
     if dry_run:
-        return None, kudos
+        return QueuedText(request=None, kudos=kudos)
     with transaction.atomic():
         fair_rank = _admit(account)
         request = TextRequest.objects.create(
@@ -82,7 +102,8 @@ def create_text_request(
             expires_at=_expiry(now, deadline_at),
             deadline_at=deadline_at,
         )
-    return request, kudos
+    warning = None if eligible_workers(request.pk, now=now)["workers"] else NO_WORKER_WARNING
+    return QueuedText(request=request, kudos=kudos, warning=warning)
 
 
 def _admit(account: Account) -> int:
@@ -125,7 +146,7 @@ def create_chat_request(
 ) -> TextRequest:
     """Queue a chat job for one reply of at most `max_length` tokens from `model`."""
     now = now or clock.now()
-    _require_known_models([model])
+    _require_online_chat_model(model, now)
     prompt = render_chat_prompt(messages)
     with transaction.atomic():
         fair_rank = _admit(account)
