@@ -198,8 +198,9 @@ class PopOutput(serializers.Serializer):
     messages = serializers.ListField(child=serializers.DictField())
     softprompt = serializers.CharField(allow_null=True)
     extra_source_images = serializers.ListField(allow_null=True)
-    kind = serializers.CharField(allow_null=True)
-    lease = LeaseOutput(allow_null=True)
+    # Only to a worker that pops with `chat: true`, and only with a job.
+    kind = serializers.CharField(required=False)
+    lease = LeaseOutput(required=False)
     deadline_ms = serializers.IntegerField(required=False)
 
 

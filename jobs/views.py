@@ -116,10 +116,20 @@ class TextStatusView(APIView):
         return Response(request_status(text_request, now=clock.now()))
 
 
-def _pop_answer(job: services.PoppedJob | None, now) -> dict:
+# The payload keys the AI Horde's pop always carries, with its defaults, when the request did
+# not set them (its marshalling fills them in: `ModelPayloadKobold`); an empty pop carries them
+# too, with `max_length` and `max_context_length`.
+PAYLOAD_DEFAULTS = {"min_p": 0.0, "smoothing_factor": 0.0, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0}
+EMPTY_PAYLOAD = {**PAYLOAD_DEFAULTS, "max_context_length": 2048, "max_length": 80}
+
+
+def _pop_answer(job: services.PoppedJob | None, now, *, chat: bool) -> dict:
+    """The pop's answer in the AI Horde's shape. A worker that pops with `chat: true` also gets
+    `kind`, `lease` and `deadline_ms` when it has a job, never as nulls: a legacy worker sees
+    exactly the AI Horde's keys (horde_sdk's strict mode refuses any other)."""
     if job is None:
         return {
-            "payload": {},
+            "payload": dict(EMPTY_PAYLOAD),
             "id": None,
             "ids": [],
             "model": None,
@@ -128,26 +138,18 @@ def _pop_answer(job: services.PoppedJob | None, now) -> dict:
             "messages": [],
             "softprompt": None,
             "extra_source_images": None,
-            "kind": None,
-            "lease": None,
         }
     first = job.first
     text_request = job.request
     payload = {
+        **PAYLOAD_DEFAULTS,
         **text_request.params,
         "prompt": text_request.prompt,
         "n": 1,
         "max_length": text_request.max_length,
         "max_context_length": text_request.max_context_length,
     }
-    if text_request.kind == TextRequest.Kind.CHAT:
-        payload["messages"] = text_request.messages
-    extra = {}
-    if text_request.deadline_at:
-        # The requester's remaining budget, rounded down, for the worker to honour.
-        remaining = text_request.deadline_at - now
-        extra["deadline_ms"] = max(0, int(remaining.total_seconds() * 1000))
-    return {
+    answer = {
         "payload": payload,
         "id": first.id,
         "ids": [g.id for g in job.generations],
@@ -157,14 +159,22 @@ def _pop_answer(job: services.PoppedJob | None, now) -> dict:
         "messages": [],
         "softprompt": None,
         "extra_source_images": None,
-        "kind": text_request.kind,
-        "lease": {
-            "expires_at": first.lease_expires_at,
-            "cap_seconds": first.cap_seconds,
-            "preparation_seconds": settings.TEXT_JOB_PREPARATION_SECONDS,
-        },
-        **extra,
     }
+    if not chat:
+        return answer
+    if text_request.kind == TextRequest.Kind.CHAT:
+        payload["messages"] = text_request.messages
+    answer["kind"] = text_request.kind
+    answer["lease"] = {
+        "expires_at": first.lease_expires_at,
+        "cap_seconds": first.cap_seconds,
+        "preparation_seconds": settings.TEXT_JOB_PREPARATION_SECONDS,
+    }
+    if text_request.deadline_at:
+        # The requester's remaining budget, rounded down, for the worker to honour.
+        remaining = text_request.deadline_at - now
+        answer["deadline_ms"] = max(0, int(remaining.total_seconds() * 1000))
+    return answer
 
 
 class TextPopView(APIView):
@@ -193,7 +203,7 @@ class TextPopView(APIView):
         # Already in PopOutput's shape (the schema): rendered as is, without the serializer's
         # field-by-field copy on the hottest route. DRF's encoder writes UUIDs and UTC times
         # exactly as the serializer would.
-        return Response(_pop_answer(job, now))
+        return Response(_pop_answer(job, now, chat=data["chat"]))
 
 
 class TextProgressView(APIView):

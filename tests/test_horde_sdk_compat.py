@@ -24,11 +24,16 @@ SCRIPT_TIMEOUT_SECONDS = 120
 SDK_ENV_OVERRIDES = ("AI_HORDE_DEV_URL", "AI_HORDE_DEV_APIKEY", "TESTS_ONGOING")
 
 
-def _run_roundtrip(base_url: str, requester_key: str, worker_key: str, cwd: Path) -> dict:
+def _run_roundtrip(
+    base_url: str, requester_key: str, worker_key: str, cwd: Path, *, strict: bool = False
+) -> dict:
     if not SDK_PYTHON.exists():
         pytest.fail(f"{SDK_PYTHON.relative_to(ROOT)} is missing: run bin/sdk-venv (bin/test does it).")
     env = {k: v for k, v in os.environ.items() if k not in SDK_ENV_OVERRIDES}
     env["AI_HORDE_URL"] = base_url
+    if strict:
+        # The SDK's own test mode: every response model forbids keys it does not define.
+        env["TESTS_ONGOING"] = "1"
     done = subprocess.run(
         [str(SDK_PYTHON), str(SCRIPT), requester_key, worker_key, MODEL],
         env=env,
@@ -90,3 +95,14 @@ def test_horde_sdk_runs_a_text_request_through_a_worker(live_server, tmp_path) -
         "worker_name": worker.name,
         "seed": 0,
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow(live_server, tmp_path) -> None:
+    _, requester_key = create_account(name="sdk-strict-requester")
+    _, worker_key = create_account(name="sdk-strict-owner")
+
+    seen = _run_roundtrip(f"{live_server.url}/api/", requester_key, worker_key, tmp_path, strict=True)
+
+    assert seen["status"]["done"] is True
+    assert seen["unknown_keys"] == {"pop_response": [], "async_response": [], "status_response": []}

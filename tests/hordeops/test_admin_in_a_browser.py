@@ -80,7 +80,7 @@ def _pop(base_url: str, api_key: str, **body) -> dict:
     answer = httpx.post(
         f"{base_url}/api/v2/generate/text/pop",
         headers={"apikey": api_key},
-        json={"name": "browser-worker", "models": ["chat-model"], **body},
+        json={"name": "browser-worker", "models": ["chat-model"], "chat": True, **body},
         timeout=10,
     )
     assert answer.status_code == 200, answer.text

@@ -455,13 +455,13 @@ def _set_account_limit(caller, limit_ms: int | None) -> None:
 def test_the_shortest_of_header_account_and_route_limit_wins_and_no_limit_lengthens(
     requester, owner, settings
 ):
-    owner.pop("w")
+    owner.pop("w", chat=True)
 
     def budget(header: str = "60000") -> tuple[float, int]:
         response = _text_request(requester, header)
         assert response.status_code == 202, response.content
         text_request = TextRequest.objects.get(pk=response.json()["id"])
-        job = owner.pop("w").json()
+        job = owner.pop("w", chat=True).json()
         assert job["id"] is not None and Generation.objects.get(pk=job["id"]).request_id == text_request.pk
         return _budget_ms(text_request), job["deadline_ms"]
 
@@ -842,19 +842,19 @@ def test_a_deadline_spent_mid_stream_ends_responses_and_messages_streams_with_th
 
 
 def test_the_pop_forwards_the_remaining_budget_rounded_down(requester, owner, time_machine):
-    owner.pop("w")
+    owner.pop("w", chat=True)
     created = _text_request(requester, "60000")
     text_request = TextRequest.objects.get(pk=created.json()["id"])
     time_machine.move_to(text_request.deadline_at - timedelta(seconds=20, microseconds=12700), tick=False)
-    job = owner.pop("w").json()
+    job = owner.pop("w", chat=True).json()
     assert job["deadline_ms"] == 20012  # 20012.7 ms left, rounded down
 
     created = _text_request(requester, "60000")
     text_request = TextRequest.objects.get(pk=created.json()["id"])
     time_machine.move_to(text_request.deadline_at - timedelta(microseconds=900), tick=False)
-    assert owner.pop("w").json()["deadline_ms"] == 0
+    assert owner.pop("w", chat=True).json()["deadline_ms"] == 0
     time_machine.move_to(text_request.deadline_at, tick=False)
-    assert owner.pop("w").json()["id"] is None  # spent: nobody may take it
+    assert owner.pop("w", chat=True).json()["id"] is None  # spent: nobody may take it
 
 
 def _internal_budget(caller, public: str | None, headers: dict[str, str]) -> float | None:
@@ -952,12 +952,12 @@ def test_a_replayed_internal_deadline_header_does_not_cut_a_chat_requests_budget
 def test_a_text_request_with_a_deadline_expires_at_it_and_its_generation_is_cancelled(
     requester, owner, time_machine
 ):
-    owner.pop("w")
+    owner.pop("w", chat=True)
     created = _text_request(requester, "60000")
     request_id = created.json()["id"]
     text_request = TextRequest.objects.get(pk=request_id)
     assert text_request.expires_at == text_request.deadline_at
-    job = owner.pop("w").json()
+    job = owner.pop("w", chat=True).json()
     assert 55000 < job["deadline_ms"] <= 60000
 
     time_machine.move_to(text_request.deadline_at + timedelta(milliseconds=1), tick=False)
@@ -979,7 +979,7 @@ def test_a_text_request_with_a_deadline_expires_at_it_and_its_generation_is_canc
     assert (worker.aborted_jobs, worker.uncompleted_jobs) == (0, 0)
     status = requester.status(request_id).json()
     assert (status["done"], status["faulted"], status["processing"], status["waiting"]) == (True, True, 0, 0)
-    assert owner.pop("w").json()["id"] is None
+    assert owner.pop("w", chat=True).json()["id"] is None
 
 
 def test_a_submit_after_the_deadline_but_before_the_pass_is_refused_as_cancelled(

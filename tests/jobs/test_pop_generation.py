@@ -174,9 +174,9 @@ def test_the_pop_filters_by_model_length_context_and_trust(
 
 
 def test_trusted_workers_requests_go_to_trusted_owners(requester, trusted_owner):
-    trusted_owner.pop("tw")
+    trusted_owner.pop("tw", chat=True)
     requester.request_text(trusted_workers=True)
-    job = trusted_owner.pop("tw").json()
+    job = trusted_owner.pop("tw", chat=True).json()
     assert job["id"] is not None
     assert job["lease"]["cap_seconds"] == 600
 
@@ -201,9 +201,9 @@ def test_a_text_worker_never_gets_a_chat_job(requester, owner):
 def test_the_pop_starts_a_lease_of_the_base_length(requester, owner, time_machine, settings):
     settings.TEXT_JOB_LEASE_SECONDS = 42
     time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
-    owner.pop("w")
+    owner.pop("w", chat=True)
     requester.request_text()
-    job = owner.pop("w").json()
+    job = owner.pop("w", chat=True).json()
     assert job["ttl"] == 42
     assert job["lease"]["expires_at"] == "2026-01-01T00:00:42Z"
     generation = Generation.objects.get(pk=job["id"])
@@ -295,11 +295,12 @@ def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester
     requester.request_text()
     now = timezone.now()
     job = pop_generation(api_key=owner.api_key, name="w", **POP)
-    for answer in (_pop_answer(job, now), _pop_answer(None, now)):
+    answers = [_pop_answer(job, now, chat=chat) for chat in (True, False)]
+    for answer in (*answers, _pop_answer(None, now, chat=True)):
         as_is = json.loads(JSONRenderer().render(answer))
         assert as_is == json.loads(JSONRenderer().render(serializers.PopOutput(answer).data))
     assert as_is["id"] is None
-    rendered = json.loads(JSONRenderer().render(_pop_answer(job, now)))
+    rendered = json.loads(JSONRenderer().render(_pop_answer(job, now, chat=True)))
     assert rendered["lease"]["expires_at"] == "2026-08-01T12:02:30.123456Z"
 
 

@@ -23,17 +23,22 @@ def test_a_request_is_popped_submitted_and_reported_done(requester, owner):
     assert uuid.UUID(job["id"])
     assert job["model"] == "m1"
     assert job["ttl"] == 150
-    assert job["kind"] == "text"
     assert job["skipped"] == {}
+    # Exactly the AI Horde's keys for a legacy worker, its defaulted sampler keys included.
+    assert set(job) == {
+        "payload", "id", "ids", "model", "ttl", "skipped", "messages", "softprompt", "extra_source_images"
+    }  # fmt: skip
     assert job["payload"] == {
         "prompt": "Tell me a story",
         "n": 1,
         "max_length": 64,
         "max_context_length": 2048,
         "temperature": 0.7,
+        "min_p": 0.0,
+        "smoothing_factor": 0.0,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
     }
-    assert job["lease"]["cap_seconds"] == 200
-    assert job["lease"]["preparation_seconds"] == 30
 
     waiting = requester.status(request_id).json()
     assert (waiting["processing"], waiting["finished"], waiting["done"]) == (1, 0, False)
@@ -61,6 +66,33 @@ def test_pop_with_no_job_answers_the_horde_empty_shape(owner):
     assert body["ids"] == []
     assert body["skipped"] == {}
     assert body["model"] is None
+    assert body["payload"] == {
+        "min_p": 0.0,
+        "smoothing_factor": 0.0,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
+        "max_context_length": 2048,
+        "max_length": 80,
+    }
+    assert "kind" not in body and "lease" not in body  # never as nulls
+    chat_body = owner.pop("idle-chat-worker", chat=True).json()
+    assert chat_body["id"] is None and "kind" not in chat_body and "lease" not in chat_body
+
+
+def test_a_chat_worker_gets_the_kind_and_the_lease_of_a_text_job_and_a_legacy_worker_does_not(
+    requester, owner
+):
+    owner.pop("legacy", models=["m1"])
+    owner.pop("chatty", models=["m1"], chat=True)
+    requester.request_text(models=["m1"])
+    requester.request_text(models=["m1"])
+    legacy = owner.pop("legacy", models=["m1"]).json()
+    chatty = owner.pop("chatty", models=["m1"], chat=True).json()
+    assert legacy["id"] and chatty["id"]
+    assert "kind" not in legacy and "lease" not in legacy and "deadline_ms" not in legacy
+    assert chatty["kind"] == "text"
+    assert (chatty["lease"]["cap_seconds"], chatty["lease"]["preparation_seconds"]) == (200, 30)
+    assert "messages" not in chatty["payload"]
 
 
 def test_n_generations_are_handed_out_one_per_pop(requester, owner):

@@ -32,14 +32,14 @@ def test_staff_outside_the_moderators_see_nothing_of_hordeops(plain_staff, page)
 
 
 def test_the_trust_action_changes_the_cap_of_the_next_pop_and_is_logged(moderator, owner, requester):
-    owner.pop("w")
+    owner.pop("w", chat=True)
     requester.request_text(models=["m1"])
     answer = moderator.post(
         "/admin/workers/account/", {"action": "trust", "_selected_action": [owner.account.pk]}, follow=True
     )
     assert answer.status_code == 200
     assert Account.objects.get(pk=owner.account.pk).trusted is True
-    assert owner.pop("w").json()["lease"]["cap_seconds"] == 600
+    assert owner.pop("w", chat=True).json()["lease"]["cap_seconds"] == 600
     [entry] = LogEntry.objects.filter(object_id=str(owner.account.pk))
     assert entry.user.username == "mod"
     assert "Trusted" in entry.get_change_message()
