@@ -82,28 +82,38 @@ def create_text_request(
             raise errors.WorkerNotFound(f"No worker with id {missing[0]}.")
     if dry_run:
         return QueuedText(request=None, kudos=kudos)
+    request = _queue(
+        account,
+        now=now,
+        deadline_at=deadline_at,
+        kind=TextRequest.Kind.TEXT,
+        prompt=prompt,
+        params=params,
+        max_length=max_length,
+        max_context_length=max_context_length,
+        requested_models=models,
+        allowed_workers=workers,
+        trusted_workers=trusted_workers,
+        slow_workers=slow_workers,
+        n=n,
+        queued=n,
+    )
+    warning = None if eligible_workers(request.pk, now=now)["workers"] else NO_WORKER_WARNING
+    return QueuedText(request=request, kudos=kudos, warning=warning)
+
+
+def _queue(account: Account, *, now: datetime, deadline_at: datetime | None, **fields: Any) -> TextRequest:
+    """Admit the request within the account's bound and queue it at its fair rank; it lives
+    until its lifetime or its deadline, whichever is sooner."""
     with transaction.atomic():
-        fair_rank = _admit(account)
-        request = TextRequest.objects.create(
+        return TextRequest.objects.create(
             account=account,
-            kind=TextRequest.Kind.TEXT,
-            fair_rank=fair_rank,
-            prompt=prompt,
-            params=params,
-            max_length=max_length,
-            max_context_length=max_context_length,
-            requested_models=models,
-            allowed_workers=workers,
-            trusted_workers=trusted_workers,
-            slow_workers=slow_workers,
-            n=n,
-            queued=n,
+            fair_rank=_admit(account),
             created_at=now,
             expires_at=_expiry(now, deadline_at),
             deadline_at=deadline_at,
+            **fields,
         )
-    warning = None if eligible_workers(request.pk, now=now)["workers"] else NO_WORKER_WARNING
-    return QueuedText(request=request, kudos=kudos, warning=warning)
 
 
 def _admit(account: Account) -> int:
@@ -148,25 +158,21 @@ def create_chat_request(
     now = now or clock.now()
     _require_online_chat_model(model, now)
     prompt = render_chat_prompt(messages)
-    with transaction.atomic():
-        fair_rank = _admit(account)
-        return TextRequest.objects.create(
-            account=account,
-            kind=TextRequest.Kind.CHAT,
-            fair_rank=fair_rank,
-            prompt=prompt,
-            messages=messages,
-            params=params,
-            max_length=max_length,
-            # The worker must hold the prompt and the whole reply in its context.
-            max_context_length=max(20, prompt_tokens(prompt)) + max_length,
-            requested_models=[model],
-            n=1,
-            queued=1,
-            created_at=now,
-            expires_at=_expiry(now, deadline_at),
-            deadline_at=deadline_at,
-        )
+    return _queue(
+        account,
+        now=now,
+        deadline_at=deadline_at,
+        kind=TextRequest.Kind.CHAT,
+        prompt=prompt,
+        messages=messages,
+        params=params,
+        max_length=max_length,
+        # The worker must hold the prompt and the whole reply in its context.
+        max_context_length=max(20, prompt_tokens(prompt)) + max_length,
+        requested_models=[model],
+        n=1,
+        queued=1,
+    )
 
 
 def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:
