@@ -121,7 +121,7 @@ def _folded(sql: str) -> str:
 WORKER_POST_PARTS = (
     (Account, ("id",)),
     (Generation, None),
-    (Worker, ("account",)),
+    (Worker, ("account", "chat")),
     (TextRequest, ("kind", "state", "max_length", "deadline_at")),
 )
 

@@ -9,7 +9,7 @@ from uuid import UUID
 
 from django.db import connection, transaction
 
-from hordeops import clock
+from hordeops import clock, errors
 from jobs import leases, relay, sql
 from jobs.models import Generation, TextRequest
 from jobs.services.endings import _relay_restarts, _restart_requests
@@ -31,9 +31,38 @@ def submit_generation(
     gen_metadata: list[dict[str, Any]],
     now: datetime | None = None,
 ) -> float:
-    """Accept a worker's result, or its giving the job back; return the reward."""
+    """Accept a worker's result, or its giving the job back; return the reward.
+
+    The job of a request cancelled meanwhile (by its requester or its deadline) is refused
+    with GenerationCancelled, which tells a chat worker to stop; a legacy worker's submit of it
+    is accepted instead, as the AI Horde accepts it, and its text goes to no one: the official
+    worker retries any other answer for ~22 s before it gives up. Neither counts against the
+    worker."""
     now = now or clock.now()
     generation = _posted_generation(api_key=api_key, generation_id=generation_id)
+    try:
+        return _submit(generation, text=text, state=state, seed=seed, gen_metadata=gen_metadata, now=now)
+    except errors.GenerationCancelled:
+        if generation.worker.chat:
+            raise
+        if state == "faulted":
+            return 0.0
+        return _reward(estimate_tokens(text, generation.request.max_length))
+
+
+def _reward(tokens: int) -> float:
+    return round(tokens / 10, 2)
+
+
+def _submit(
+    generation: Generation,
+    *,
+    text: str,
+    state: str,
+    seed: int,
+    gen_metadata: list[dict[str, Any]],
+    now: datetime,
+) -> float:
     _refuse_past_deadline(generation.request, now)
     if state == "faulted":
         _give_back(generation, now)
@@ -48,7 +77,7 @@ def submit_generation(
         reported = leases.state(generation.pk).get("tokens")
         tokens = int(reported) if reported else tokens
     elapsed = max((now - generation.popped_at).total_seconds(), 0.001)
-    reward = round(tokens / 10, 2)
+    reward = _reward(tokens)
     # One statement, so one implicit transaction (`sql.accept`): the generation's
     # compare-and-set, the request's count and the worker's speed.
     with connection.cursor() as cursor:

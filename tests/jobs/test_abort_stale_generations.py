@@ -169,9 +169,9 @@ def test_a_request_past_its_lifetime_expires_and_its_generation_is_cancelled(
     requester, owner, clock, settings
 ):
     settings.TEXT_REQUEST_LIFETIME_SECONDS = 100
-    owner.pop("w")
+    owner.pop("w", chat=True)
     waiting_id = requester.request_text(models=["m1"], params={"n": 2}).json()["id"]
-    generation_id = owner.pop("w").json()["id"]
+    generation_id = owner.pop("w", chat=True).json()["id"]
     Generation.objects.filter(pk=generation_id).update(job_ttl=200, cap_seconds=200)
     clock.shift(101)
     result = abort_stale_generations()

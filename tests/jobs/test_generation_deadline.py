@@ -982,12 +982,12 @@ def test_a_text_request_with_a_deadline_expires_at_it_and_its_generation_is_canc
     assert owner.pop("w", chat=True).json()["id"] is None
 
 
-def test_a_submit_after_the_deadline_but_before_the_pass_is_refused_as_cancelled(
+def test_a_chat_workers_submit_after_the_deadline_but_before_the_pass_is_refused_as_cancelled(
     requester, owner, time_machine
 ):
-    owner.pop("w")
+    owner.pop("w", chat=True)
     request_id = _text_request(requester, "60000").json()["id"]
-    job = owner.pop("w").json()
+    job = owner.pop("w", chat=True).json()
     deadline_at = TextRequest.objects.get(pk=request_id).deadline_at
     time_machine.move_to(deadline_at + timedelta(milliseconds=1), tick=False)
     late = owner.submit(job["id"], "REPLY-SENTINEL-late")
@@ -998,6 +998,22 @@ def test_a_submit_after_the_deadline_but_before_the_pass_is_refused_as_cancelled
     assert TextRequest.objects.get(pk=request_id).state == TextRequest.State.CANCELLED
     assert Worker.objects.get(name="w").aborted_jobs == 0
     assert services.abort_stale_generations().aborted == 0
+
+
+def test_a_legacy_workers_submit_after_the_deadline_is_accepted_and_its_text_goes_to_no_one(
+    requester, owner, time_machine
+):
+    owner.pop("w")
+    request_id = _text_request(requester, "60000").json()["id"]
+    job = owner.pop("w").json()
+    deadline_at = TextRequest.objects.get(pk=request_id).deadline_at
+    time_machine.move_to(deadline_at + timedelta(milliseconds=1), tick=False)
+    late = owner.submit(job["id"], "REPLY-SENTINEL-late")
+    assert late.status_code == 200 and late.json()["reward"] > 0, late.content
+    generation = Generation.objects.get(pk=job["id"])
+    assert generation.state == Generation.State.CANCELLED and generation.text is None
+    assert TextRequest.objects.get(pk=request_id).state == TextRequest.State.CANCELLED
+    assert Worker.objects.get(name="w").aborted_jobs == 0
 
 
 # --- 9. Logs ------------------------------------------------------------------------------------

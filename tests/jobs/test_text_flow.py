@@ -168,10 +168,24 @@ def test_cancel_drops_queued_work_and_cancels_running_generations(requester, own
     assert cancelled.json()["done"] is True
     assert cancelled.json()["waiting"] == 0
     assert owner.pop("w").json()["id"] is None
-    late = owner.submit(running)
-    assert late.status_code == 409
-    assert late.json()["rc"] == "GenerationCancelled"
+    # A legacy worker's submit is accepted, as the AI Horde accepts it, so that the official
+    # worker ends the job at its first try; the text goes to no one.
+    late = owner.submit(running, "nobody reads this")
+    assert late.status_code == 200 and late.json()["reward"] > 0
+    generation = Generation.objects.get(pk=running)
+    assert (generation.state, generation.text) == (Generation.State.CANCELLED, None)
+    assert owner.submit(running, state="faulted").json() == {"reward": 0.0}
     assert Worker.objects.get(name="w").aborted_jobs == 0
+
+
+def test_a_chat_workers_submit_of_a_cancelled_job_is_refused_as_cancelled(requester, owner):
+    owner.pop("cw", chat=True)
+    request_id = requester.request_text(models=["m1"]).json()["id"]
+    running = owner.pop("cw", chat=True).json()["id"]
+    requester.client.delete(f"/api/v2/generate/text/status/{request_id}")
+    late = owner.submit(running)
+    assert (late.status_code, late.json()["rc"]) == (409, "GenerationCancelled")
+    assert Worker.objects.get(name="cw").aborted_jobs == 0
 
 
 def test_the_anonymous_key_can_request_text(anonymous, owner):
