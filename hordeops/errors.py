@@ -244,3 +244,31 @@ class UpstreamStreamInvalid(DomainError):
     code = "upstream_stream_invalid"
     status = 502
     default_message = "The worker's stream delivered no output before the preflight bound or its end."
+
+
+class UserNotFound(DomainError):
+    code = "UserNotFound"
+    status = 404
+    default_message = "No user with that id."
+
+
+class NotOwner(DomainError):
+    code = "NotOwner"
+    status = 403
+    default_message = "Only the worker's owner or a moderator may change this."
+
+
+class NotModerator(DomainError):
+    code = "NotModerator"
+    status = 403
+    default_message = "Only a moderator may change this."
+
+
+class NoValidActions(DomainError):
+    code = "NoWorkerModSelected"
+    default_message = "No worker modification selected!"
+
+
+class WorkerNameAlreadyExists(DomainError):
+    code = "WorkerNameAlreadyExists"
+    default_message = "A worker with this name already exists."

@@ -200,6 +200,8 @@ class Generation(models.Model):
         ordering = ("-popped_at",)
         indexes = [
             models.Index(fields=["popped_at"], name="generation_processing", condition=Q(state="processing")),
+            # The accepted ones by when: the load's past minute and the statistics' periods.
+            models.Index(fields=["finished_at"], name="generation_done_finished", condition=Q(state="done")),
         ]
         constraints = [
             models.CheckConstraint(

@@ -5,47 +5,15 @@ import threading
 from django.utils.functional import cached_property
 from rest_framework import serializers
 
-from hordeops.serializers import HordeErrorOutput  # noqa: F401  (the horde routes' error shape)
+from hordeops.serializers import (  # noqa: F401  (the horde routes' error shape and strict fields)
+    HordeErrorOutput,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    StrictUUIDField,
+)
 from jobs import leases
-
-
-class StrictCharField(serializers.CharField):
-    """A string, and only a string: numbers and booleans are wrong types here."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictBooleanField(serializers.BooleanField):
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            self.fail("invalid", input=data)
-        return data
-
-
-class StrictIntegerField(serializers.IntegerField):
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictFloatField(serializers.FloatField):
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, (int, float)):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictUUIDField(serializers.UUIDField):
-    """A UUID written as a string: DRF would otherwise read 1 or true as UUID(int=1)."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid", value=data)
-        return super().to_internal_value(data)
 
 
 class WorkerInput(serializers.Serializer):

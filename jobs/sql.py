@@ -185,7 +185,9 @@ def accept() -> str:
             speed = (SELECT avg(x) FROM unnest(
                 (w.speed_samples || %(sample)s::float8)
                     [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):]) AS x),
-            completed_jobs = w.completed_jobs + 1
+            completed_jobs = w.completed_jobs + 1,
+            tokens_generated = w.tokens_generated + %(tokens)s,
+            kudos_rewards = w.kudos_rewards + %(reward)s
         FROM accepted AS a WHERE w.id = a.worker_id
         RETURNING w.id
     )
@@ -286,4 +288,65 @@ def eligible_workers() -> str:
         f" FROM {REQUESTS} AS r,"
         f" {WORKERS} AS w JOIN {ACCOUNTS} AS wa ON wa.id = w.account_id"
         f" WHERE r.id = %(request)s AND {ONLINE_SQL.format(w='w')} AND {eligibility.offer_sql()}"
+    )
+
+
+# -- The discovery routes (cached by their callers) ---------------------------------------------
+
+
+@cache
+def queued_per_model() -> str:
+    """For each model a waiting request names: the tokens and the jobs it still waits for."""
+    return f"""
+        SELECT m.model, sum(r.max_length * r.queued), sum(r.queued)
+        FROM {REQUESTS} AS r, unnest(r.requested_models) AS m(model)
+        WHERE r.state = '{ACTIVE}' AND r.queued > 0 AND r.expires_at > %(now)s
+        GROUP BY m.model
+        """
+
+
+@cache
+def queued_totals() -> str:
+    """Waiting requests' jobs and tokens, all models together."""
+    return f"""
+        SELECT coalesce(sum(r.queued), 0), coalesce(sum(r.max_length * r.queued), 0)
+        FROM {REQUESTS} AS r
+        WHERE r.state = '{ACTIVE}' AND r.queued > 0 AND r.expires_at > %(now)s
+        """
+
+
+# The periods of the AI Horde's text statistics, as parameters of the statements below.
+PERIODS = ("minute", "hour", "day", "month")
+
+
+@cache
+def done_totals() -> str:
+    """Accepted generations and their tokens in each period (`PERIODS`), and in all."""
+    columns_ = ", ".join(
+        f"count(*) FILTER (WHERE g.finished_at >= %({p})s), "
+        f"coalesce(sum(g.tokens) FILTER (WHERE g.finished_at >= %({p})s), 0)"
+        for p in PERIODS
+    )
+    return (
+        f"SELECT {columns_}, count(*), coalesce(sum(g.tokens), 0)"
+        f" FROM {GENERATIONS} AS g WHERE g.state = '{DONE}'"
+    )
+
+
+@cache
+def done_per_model() -> str:
+    """Accepted generations per model: in the past day, month and in all."""
+    return (
+        f"SELECT g.model, count(*) FILTER (WHERE g.finished_at >= %(day)s),"
+        f" count(*) FILTER (WHERE g.finished_at >= %(month)s), count(*)"
+        f" FROM {GENERATIONS} AS g WHERE g.state = '{DONE}' GROUP BY g.model"
+    )
+
+
+@cache
+def done_tokens_since() -> str:
+    """Tokens of the generations accepted since `since` (on the index `generation_done_finished`)."""
+    return (
+        f"SELECT coalesce(sum(g.tokens), 0) FROM {GENERATIONS} AS g"
+        f" WHERE g.state = '{DONE}' AND g.finished_at >= %(since)s"
     )

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
-from jobs import deadlines, services
+from jobs import deadlines, discovery, services
 from jobs import serializers as s
 from jobs.models import TextRequest
 from jobs.status import request_status
@@ -243,3 +243,73 @@ class TextSubmitView(APIView):
             gen_metadata=data["gen_metadata"],
         )
         return Response({"reward": reward})
+
+
+# --- discovery: the AI Horde's status and statistics routes (jobs/discovery.py) ------------------
+
+
+def _count_param(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise errors.BadRequest(f"{name} must be a whole number.")
+    return int(raw)
+
+
+class ModelsStatusView(APIView):
+    @extend_schema(
+        operation_id="status_models",
+        parameters=[
+            OpenApiParameter(
+                "type", str, enum=["image", "text"], description="image (the AI Horde's default) or text"
+            ),
+            OpenApiParameter("min_count", int),
+            OpenApiParameter("max_count", int),
+            OpenApiParameter("model_state", str, enum=["known", "custom", "all"]),
+        ],
+        responses={200: OpenApiTypes.OBJECT, 400: s.HordeErrorOutput},
+    )
+    def get(self, request: Request) -> Response:
+        kind = request.query_params.get("type", "image")
+        state = request.query_params.get("model_state", "all")
+        if kind not in ("image", "text"):
+            raise errors.BadRequest("type must be image or text.")
+        if state not in ("known", "custom", "all"):
+            raise errors.BadRequest("'model_state' needs to be one of ['known', 'custom', 'all']")
+        min_count, max_count = _count_param(request, "min_count"), _count_param(request, "max_count")
+        if state == "custom":
+            return Response([])  # hordeops has no model reference: every model counts as known
+        return Response(
+            discovery.models_status(now=clock.now(), kind=kind, min_count=min_count, max_count=max_count)
+        )
+
+
+class ModelStatusView(APIView):
+    @extend_schema(operation_id="status_model", responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, model_name: str) -> Response:
+        return Response(discovery.model_status(model_name, now=clock.now()))
+
+
+class PerformanceView(APIView):
+    @extend_schema(operation_id="status_performance", responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(discovery.performance(now=clock.now()))
+
+
+class ModesView(APIView):
+    @extend_schema(operation_id="status_modes", responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response({"maintenance_mode": False, "invite_only_mode": False, "raid_mode": False})
+
+
+class TextTotalsView(APIView):
+    @extend_schema(operation_id="stats_text_totals", responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(discovery.text_totals(now=clock.now()))
+
+
+class TextModelStatsView(APIView):
+    @extend_schema(operation_id="stats_text_models", responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        return Response(discovery.text_models(now=clock.now()))

@@ -22,6 +22,15 @@ def _empty_test_redis() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_cached_discovery() -> None:
+    # The discovery routes cache their answers for seconds (jobs/discovery.py): each test
+    # starts without another's.
+    from jobs import discovery
+
+    cache.delete_many(discovery.CACHE_KEYS)
+
+
+@pytest.fixture(autouse=True)
 def _no_rate_limits(settings) -> None:
     # Tests send far more requests from 127.0.0.1 than one client may; the rate limits' own
     # tests (tests/hordeops/test_rate_limits.py) turn them back on.

@@ -98,11 +98,34 @@ def test_horde_sdk_runs_a_text_request_through_a_worker(live_server, tmp_path) -
 
 
 @pytest.mark.django_db(transaction=True)
-def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow(live_server, tmp_path) -> None:
+def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow_and_the_discovery_routes(
+    live_server, tmp_path
+) -> None:
     _, requester_key = create_account(name="sdk-strict-requester")
-    _, worker_key = create_account(name="sdk-strict-owner")
+    worker_account, worker_key = create_account(name="sdk-strict-owner")
 
     seen = _run_roundtrip(f"{live_server.url}/api/", requester_key, worker_key, tmp_path, strict=True)
 
     assert seen["status"]["done"] is True
     assert seen["unknown_keys"] == {"pop_response": [], "async_response": [], "status_response": []}
+    # The discovery routes, each parsed by its strict SDK model.
+    found = seen["discovery"]
+    worker = Worker.objects.get(account=worker_account)
+    assert found["find_user"] == {
+        "username": f"sdk-strict-owner#{worker_account.id}",
+        "worker_count": 1,
+        "worker_ids": [str(worker.id)],
+    }
+    assert found["user"] == {"username": f"sdk-strict-owner#{worker_account.id}", "worker_ids": None}
+    assert found["worker"] == {
+        "id": str(worker.id),
+        "name": worker.name,
+        "online": True,
+        "models": [MODEL],
+        "owner": f"sdk-strict-owner#{worker_account.id}",
+        "requests_fulfilled": 1,
+    }
+    assert found["modified"] == {"maintenance": False, "info": "a roundtrip worker"}
+    assert MODEL in found["models"] and found["model"] == [[MODEL, 1]]
+    assert found["text_worker_count"] >= 1
+    assert found["totals_total"]["requests"] >= 1 and found["per_model_total"][MODEL] >= 1

@@ -22,7 +22,8 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     list_editable = ("trusted",)
     list_filter = ("trusted",)
     search_fields = ("name",)
-    fields = ("name", "trusted", "deadline_limit_ms", "max_waiting_requests", "created_at")
+    # `moderator` (the key may change any worker through the horde API) is a superuser's to give.
+    fields = ("name", "trusted", "moderator", "deadline_limit_ms", "max_waiting_requests", "created_at")
     readonly_fields = ("created_at",)
     moderated_fields = ("trusted", "deadline_limit_ms", "max_waiting_requests")
     actions = ("trust", "untrust")
@@ -81,16 +82,21 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "threads",
         "speed",
         "completed_jobs",
+        "tokens_generated",
+        "kudos_rewards",
         "aborted_jobs",
         "aborts_window_start",
         "uncompleted_jobs",
         "maintenance",
         "maintenance_reason",
+        "info",
         "last_pop_at",
     )
     readonly_fields = (
         "speed",
         "completed_jobs",
+        "tokens_generated",
+        "kudos_rewards",
         "aborted_jobs",
         "aborts_window_start",
         "uncompleted_jobs",

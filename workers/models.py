@@ -38,6 +38,9 @@ class Account(models.Model):
     name = models.CharField(max_length=100, unique=True)
     api_key_hash = models.CharField(max_length=64, unique=True, editable=False)
     trusted = models.BooleanField(default=False, db_index=True)
+    # A moderator's key may change any worker through the horde API (PUT /api/v2/workers/{id}),
+    # as an AI Horde moderator's may; set in the admin.
+    moderator = models.BooleanField(default=False, db_default=False)
     # A per-account ceiling on X-MultiLLM-Deadline-Ms (seed 003): the shorter limit wins.
     deadline_limit_ms = models.PositiveIntegerField(null=True, blank=True)
     # Set by moderators: how many waiting or running requests this account may have; empty
@@ -114,6 +117,12 @@ class Worker(models.Model):
     speed = models.FloatField(null=True, blank=True)
     speed_samples = ArrayField(models.FloatField(), default=list, db_default=[], blank=True)
     completed_jobs = models.PositiveIntegerField(default=0, db_default=0)
+    # What its accepted submits added up to, kept by the submit's own statement, so that the
+    # discovery routes read them from this row (no scan of the generations).
+    tokens_generated = models.BigIntegerField(default=0, db_default=0)
+    kudos_rewards = models.FloatField(default=0, db_default=0)
+    # The owner's note, shown in the worker's details (PUT /api/v2/workers/{id} `info`).
+    info = models.CharField(max_length=1000, blank=True, default="", db_default="")
 
     # Aborts in a fixed one-hour window, as the AI Horde counts them.
     aborted_jobs = models.PositiveIntegerField(default=0, db_default=0)

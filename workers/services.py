@@ -1,9 +1,10 @@
 from collections import Counter
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from hordeops import errors
 from hordeops.rows import fetch_instance, fetch_instances
@@ -126,3 +127,54 @@ def count_aborts(*, counts: Counter[UUID], now: datetime) -> list[str]:
             },
         )
         return [name for name, in_maintenance in cursor.fetchall() if in_maintenance]
+
+
+def modify_worker(
+    *,
+    api_key: str | None,
+    worker_id: UUID,
+    maintenance: bool | None = None,
+    maintenance_msg: str | None = None,
+    info: str | None = None,
+    name: str | None = None,
+    paused: bool | None = None,
+    team: str | None = None,
+) -> dict[str, Any]:
+    """PUT /api/v2/workers/{id}, as the AI Horde rules it: the owner or a moderator may set
+    maintenance, the info note and the name; return what changed."""
+    caller = authenticate(api_key=api_key)
+    with transaction.atomic():
+        worker = Worker.objects.select_for_update().filter(pk=worker_id).first()
+        if worker is None:
+            raise errors.WorkerNotFound()
+        may = caller.moderator or caller.pk == worker.account_id
+        if paused is not None:
+            if not caller.moderator:
+                raise errors.NotModerator()
+            raise errors.BadRequest("hordeops does not pause workers: set maintenance instead.")
+        if team is not None:
+            raise errors.BadRequest("hordeops has no teams.")
+        changed: dict[str, Any] = {}
+        if maintenance is not None:
+            if not may:
+                raise errors.NotOwner()
+            by_owner = caller.pk == worker.account_id
+            reason = maintenance_msg or (errors.WorkerMaintenance.default_message if by_owner else "")
+            one = Worker.objects.filter(pk=worker.pk)
+            set_maintenance(workers=one, maintenance=maintenance, reason=reason)
+            changed["maintenance"] = maintenance
+        if info is not None:
+            if not may:
+                raise errors.NotOwner()
+            Worker.objects.filter(pk=worker.pk).update(info=info)
+            changed["info"] = info
+        if name is not None:
+            if not may:
+                raise errors.NotModerator()
+            if Worker.objects.filter(name=name).exclude(pk=worker.pk).exists():
+                raise errors.WorkerNameAlreadyExists()
+            Worker.objects.filter(pk=worker.pk).update(name=name)
+            changed["name"] = name
+        if not changed:
+            raise errors.NoValidActions()
+    return changed

@@ -67,6 +67,7 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
     assert short.get_deferred_fields() == {
         "api_key_hash",
         "trusted",
+        "moderator",
         "deadline_limit_ms",
         "max_waiting_requests",
         "created_at",

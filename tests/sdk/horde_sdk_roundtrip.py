@@ -41,8 +41,23 @@ from typing import Any, TypeVar
 from horde_sdk.ai_horde_api import endpoints
 from horde_sdk.ai_horde_api.ai_horde_clients import AIHordeAPIManualClient
 from horde_sdk.ai_horde_api.apimodels import (
+    AllWorkersDetailsRequest,
+    AllWorkersDetailsResponse,
+    FindUserRequest,
+    HordePerformanceRequest,
+    HordePerformanceResponse,
+    HordeStatusModelsAllRequest,
+    HordeStatusModelsAllResponse,
+    HordeStatusModelsSingleRequest,
+    HordeStatusModelsSingleResponse,
     JobSubmitResponse,
     ModelGenerationInputKobold,
+    ModifyWorkerRequest,
+    ModifyWorkerResponse,
+    SingleUserDetailsRequest,
+    SingleWorkerDetailsRequest,
+    SingleWorkerDetailsResponse,
+    SingleWorkerNameDetailsRequest,
     TextGenerateAsyncRequest,
     TextGenerateAsyncResponse,
     TextGenerateJobPopRequest,
@@ -50,6 +65,11 @@ from horde_sdk.ai_horde_api.apimodels import (
     TextGenerateStatusRequest,
     TextGenerateStatusResponse,
     TextGenerationJobSubmitRequest,
+    TextStatsModelResponse,
+    TextStatsModelsRequest,
+    TextStatsModelsTotalRequest,
+    TextStatsModelsTotalResponse,
+    UserDetailsResponse,
 )
 from horde_sdk.ai_horde_api.consts import GENERATION_STATE
 from horde_sdk.generic_api.apimodels import HordeRequest, HordeResponse, RequestErrorResponse
@@ -150,8 +170,11 @@ def run(base_url: str, requester_key: str, worker_key: str, model: str) -> dict[
             raise RoundtripError(f"request not done after {STATUS_TIMEOUT_SECONDS}s: {status!r}")
         time.sleep(0.2)
 
+    discovery = _discover(client, requester_key, worker_key, worker_name, model)
+
     return {
         "base_url": base_url,
+        "discovery": discovery,
         "first_pop": {"id": first_pop.id_ and str(first_pop.id_), "ids": [str(i) for i in first_pop.ids]},
         "request_id": str(created.id_),
         "request_kudos": created.kudos,
@@ -191,6 +214,58 @@ def run(base_url: str, requester_key: str, worker_key: str, model: str) -> dict[
             "async_response": _unknown_keys(created),
             "status_response": _unknown_keys(status),
         },
+    }
+
+
+def _discover(
+    client: AIHordeAPIManualClient, requester_key: str, worker_key: str, worker_name: str, model: str
+) -> dict[str, Any]:
+    """Every discovery and account route the SDK models, each answer parsed by its model."""
+    me = _send(client, FindUserRequest(apikey=worker_key), UserDetailsResponse)
+    user = _send(client, SingleUserDetailsRequest(user_id=str(me.id_)), UserDetailsResponse)
+    workers = _send(
+        client, AllWorkersDetailsRequest(type="text", apikey=requester_key), AllWorkersDetailsResponse
+    )
+    mine = [w for w in workers.root if w.name == worker_name]
+    if not mine:
+        raise RoundtripError(f"{worker_name} is not in the workers list")
+    by_id = _send(
+        client,
+        SingleWorkerDetailsRequest(worker_id=mine[0].id_, apikey=worker_key),
+        SingleWorkerDetailsResponse,
+    )
+    by_name = _send(
+        client, SingleWorkerNameDetailsRequest(worker_name=worker_name), SingleWorkerDetailsResponse
+    )
+    modified = _send(
+        client,
+        ModifyWorkerRequest(
+            apikey=worker_key, worker_id=mine[0].id_, maintenance=False, info="a roundtrip worker"
+        ),
+        ModifyWorkerResponse,
+    )
+    models = _send(client, HordeStatusModelsAllRequest(type="text"), HordeStatusModelsAllResponse)
+    one = _send(client, HordeStatusModelsSingleRequest(model_name=model), HordeStatusModelsSingleResponse)
+    load = _send(client, HordePerformanceRequest(), HordePerformanceResponse)
+    totals = _send(client, TextStatsModelsTotalRequest(), TextStatsModelsTotalResponse)
+    per_model = _send(client, TextStatsModelsRequest(), TextStatsModelResponse)
+    return {
+        "find_user": {"username": me.username, "worker_count": me.worker_count, "worker_ids": me.worker_ids},
+        "user": {"username": user.username, "worker_ids": user.worker_ids},
+        "worker": {
+            "id": str(by_id.id_),
+            "name": by_name.name,
+            "online": by_id.online,
+            "models": by_id.models,
+            "owner": by_id.owner,
+            "requests_fulfilled": by_name.requests_fulfilled,
+        },
+        "modified": {"maintenance": modified.maintenance, "info": modified.info},
+        "models": [m.name for m in models.root],
+        "model": [(m.name, m.count) for m in one.root],
+        "text_worker_count": load.text_worker_count,
+        "totals_total": totals.total,
+        "per_model_total": per_model.total,
     }
 
 

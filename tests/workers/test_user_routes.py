@@ -1,0 +1,48 @@
+"""GET /api/v2/find_user and /api/v2/users/{id}: an account as the AI Horde shows a user."""
+
+from workers.models import Account
+
+
+def test_find_user_shows_the_keys_own_account_with_its_workers_and_contributions(requester, owner):
+    owner.pop("w-one", models=["m1"])
+    owner.pop("w-two", models=["m1"])
+    requester.request_text(models=["m1"], params={"max_length": 64})
+    job = owner.pop("w-one", models=["m1"]).json()
+    assert owner.submit(job["id"], "x" * 400).status_code == 200  # 100 tokens
+
+    found = owner.client.get("/api/v2/find_user", HTTP_APIKEY=owner.api_key)
+    assert found.status_code == 200
+    user = found.json()
+    assert user["username"] == f"owner#{owner.account.id}" and user["id"] == owner.account.id
+    assert user["worker_count"] == 2
+    assert sorted(user["worker_ids"]) == sorted(str(w.id) for w in owner.account.workers.all())
+    assert user["records"] == {"contribution": {"tokens": 64}, "fulfillment": {"text": 1}}
+    assert user["kudos"] == 6.4  # what its workers were rewarded: 64 tokens / 10
+    assert (user["trusted"], user["moderator"], user["concurrency"]) == (False, False, 30)
+
+
+def test_find_user_needs_a_valid_key(requester):
+    assert requester.client.get("/api/v2/find_user").json()["rc"] == "InvalidAPIKey"
+    unknown = requester.client.get("/api/v2/find_user", HTTP_APIKEY="no-such-key-000000000")
+    assert (unknown.status_code, unknown.json()["rc"]) == (401, "InvalidAPIKey")
+
+
+def test_a_users_details_are_public_but_its_worker_ids_are_shown_only_to_itself_and_moderators(
+    requester, owner, make_caller
+):
+    owner.pop("w-one")
+    path = f"/api/v2/users/{owner.account.id}"
+    public = requester.client.get(path, HTTP_APIKEY=requester.api_key).json()
+    assert public["username"] == f"owner#{owner.account.id}" and public["worker_count"] == 1
+    assert "worker_ids" not in public
+    assert "worker_ids" in owner.client.get(path, HTTP_APIKEY=owner.api_key).json()
+    moderator = make_caller("a-moderator")
+    Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
+    assert "worker_ids" in moderator.client.get(path, HTTP_APIKEY=moderator.api_key).json()
+    assert "worker_ids" not in requester.client.get(path).json()  # no key: the public view
+
+
+def test_an_unknown_or_malformed_user_id_is_UserNotFound(requester):
+    for user_id in ("999999", "abc", "-1", ""):
+        answer = requester.client.get(f"/api/v2/users/{user_id}")
+        assert (answer.status_code, answer.json()["rc"]) == (404, "UserNotFound"), user_id

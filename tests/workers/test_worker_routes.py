@@ -1,0 +1,118 @@
+"""GET /api/v2/workers, /workers/{id}, /workers/name/{name} and PUT /workers/{id}, as the AI
+Horde answers them."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from workers.models import Account, Worker
+
+
+def _details(caller, path, **headers):
+    return caller.client.get(path, **headers)
+
+
+def test_the_workers_list_shows_the_online_text_workers_in_the_ai_hordes_shape(requester, owner):
+    owner.pop("online-worker", models=["m1"], max_length=256, threads=2)
+    owner.pop("gone-worker", models=["m2"])
+    Worker.objects.filter(name="gone-worker").update(last_pop_at=timezone.now() - timedelta(hours=1))
+    listed = requester.client.get("/api/v2/workers?type=text").json()
+    assert [w["name"] for w in listed] == ["online-worker"]
+    [worker] = listed
+    worker_id = str(Worker.objects.get(name="online-worker").id)
+    assert worker["id"] == worker_id
+    assert (worker["type"], worker["online"], worker["threads"], worker["max_length"]) == (
+        "text",
+        True,
+        2,
+        256,
+    )
+    assert (worker["models"], worker["maintenance_mode"], worker["trusted"]) == (["m1"], False, False)
+    assert worker["team"] == {"name": None, "id": None}
+    assert worker["performance"] == "0.0 tokens per second"
+    assert "owner" not in worker  # only to its owner and moderators
+    assert requester.client.get("/api/v2/workers").json() == listed  # type defaults to all
+    assert requester.client.get("/api/v2/workers?type=image").json() == []
+    assert requester.client.get("/api/v2/workers?name=online-worker").json() == listed
+    assert requester.client.get("/api/v2/workers?type=bogus").status_code == 400
+
+
+def test_a_worker_is_found_by_id_or_name_online_or_not_and_its_owner_sees_more(requester, owner):
+    owner.pop("findable", models=["m1"])
+    worker = Worker.objects.get(name="findable")
+    Worker.objects.filter(pk=worker.pk).update(last_pop_at=timezone.now() - timedelta(hours=1))
+    by_id = requester.client.get(f"/api/v2/workers/{worker.id}").json()
+    by_name = requester.client.get("/api/v2/workers/name/findable").json()
+    assert by_id == by_name and by_id["online"] is False
+    mine = owner.client.get(f"/api/v2/workers/{worker.id}", HTTP_APIKEY=owner.api_key).json()
+    assert mine["owner"] == f"owner#{owner.account.id}"
+    for path in ("/api/v2/workers/not-a-uuid", f"/api/v2/workers/{'0' * 8}-0000-0000-0000-{'0' * 12}",
+                 "/api/v2/workers/name/nobody"):  # fmt: skip
+        answer = requester.client.get(path)
+        assert (answer.status_code, answer.json()["rc"]) == (404, "WorkerNotFound"), path
+
+
+def test_a_workers_counters_follow_its_accepted_submits(requester, owner):
+    owner.pop("counted", models=["m1"])
+    requester.request_text(models=["m1"], params={"max_length": 40})
+    job = owner.pop("counted", models=["m1"]).json()
+    owner.submit(job["id"], "y" * 400)
+    details = requester.client.get("/api/v2/workers/name/counted").json()
+    assert (details["requests_fulfilled"], details["tokens_generated"], details["kudos_rewards"]) == (
+        1,
+        40,
+        4.0,
+    )
+    assert details["kudos_details"] == {"generated": 4.0, "uptime": 0}
+
+
+def test_the_owner_puts_its_worker_into_maintenance_and_out_again(requester, owner):
+    owner.pop("flipped", models=["m1"])
+    worker = Worker.objects.get(name="flipped")
+    path = f"/api/v2/workers/{worker.id}"
+    put = owner.client.put(path, {"maintenance": True}, format="json", HTTP_APIKEY=owner.api_key)
+    assert (put.status_code, put.json()) == (200, {"maintenance": True})
+    requester.request_text(models=["m1"])
+    refused = owner.pop("flipped", models=["m1"])
+    assert (refused.status_code, refused.json()["rc"]) == (403, "WorkerMaintenance")
+    assert refused.json()["message"] == "This worker has been put into maintenance mode by its owner."
+    back = owner.client.put(path, {"maintenance": False}, format="json", HTTP_APIKEY=owner.api_key)
+    assert back.json() == {"maintenance": False}
+    assert owner.pop("flipped", models=["m1"]).json()["id"] is not None
+
+
+def test_only_the_owner_or_a_moderator_may_change_a_worker(requester, owner, make_caller):
+    owner.pop("guarded", models=["m1"])
+    path = f"/api/v2/workers/{Worker.objects.get(name='guarded').id}"
+    stranger = requester.client.put(path, {"maintenance": True}, format="json", HTTP_APIKEY=requester.api_key)
+    assert (stranger.status_code, stranger.json()["rc"]) == (403, "NotOwner")
+    renamed = requester.client.put(path, {"name": "taken-over"}, format="json", HTTP_APIKEY=requester.api_key)
+    assert (renamed.status_code, renamed.json()["rc"]) == (403, "NotModerator")
+    assert owner.client.put(path, {"maintenance": True}, format="json").json()["rc"] == "InvalidAPIKey"
+    moderator = make_caller("worker-moderator")
+    Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
+    body = {"maintenance": True, "maintenance_msg": "Checking your outputs."}
+    assert moderator.client.put(path, body, format="json", HTTP_APIKEY=moderator.api_key).status_code == 200
+    worker = Worker.objects.get(name="guarded")
+    assert (worker.maintenance, worker.maintenance_reason) == (True, "Checking your outputs.")
+
+
+def test_a_worker_takes_a_note_and_a_free_name_and_refuses_what_hordeops_does_not_have(owner, make_caller):
+    owner.pop("noted", models=["m1"])
+    make_caller("other-owner").pop("taken-name")
+    path = f"/api/v2/workers/{Worker.objects.get(name='noted').id}"
+
+    def put(body):
+        return owner.client.put(path, body, format="json", HTTP_APIKEY=owner.api_key)
+
+    assert put({"info": "An RTX 4090 in a shed.", "name": "noted-again"}).json() == {
+        "info": "An RTX 4090 in a shed.",
+        "name": "noted-again",
+    }
+    assert owner.client.get("/api/v2/workers/name/noted-again").json()["info"] == "An RTX 4090 in a shed."
+    assert put({"name": "taken-name"}).json()["rc"] == "WorkerNameAlreadyExists"
+    assert put({}).json()["rc"] == "NoWorkerModSelected"
+    assert put({"team": "some-team"}).status_code == 400
+    assert (put({"paused": True}).status_code, put({"paused": True}).json()["rc"]) == (403, "NotModerator")
+    assert put({"name": "abc"}).json()["rc"] == "ValidationError"  # at least 5 characters
+    assert put({"maintenance": "yes"}).json()["rc"] == "ValidationError"

@@ -1,0 +1,96 @@
+"""Accounts and workers as the AI Horde's discovery routes show them (`horde/apis/models/v2.py`:
+`UserDetails`, `WorkerDetails`), read from their own rows: no scan of jobs or generations.
+
+`privileged` is the AI Horde's details privilege: the caller is the account itself (or the
+worker's owner) or a moderator. Only then are the owner, the worker ids and the like shown.
+hordeops keeps no kudos ledger: an account's `kudos` is what its workers were rewarded.
+"""
+
+from datetime import datetime
+from typing import Any
+
+from workers.models import Account, Worker
+
+# hordeops serves text only: the AI Horde's worker type for it.
+TEXT = "text"
+
+
+def unique_alias(account: Account) -> str:
+    """The AI Horde's `username`: the name and the id, `alice#12`."""
+    return f"{account.name}#{account.pk}"
+
+
+def worker_details(worker: Worker, *, now: datetime, privileged: bool) -> dict[str, Any]:
+    account = worker.account
+    details: dict[str, Any] = {
+        "type": TEXT,
+        "name": worker.name,
+        "id": str(worker.pk),
+        "online": worker.is_online(now),
+        "requests_fulfilled": worker.completed_jobs,
+        "uncompleted_jobs": worker.uncompleted_jobs,
+        "kudos_rewards": round(worker.kudos_rewards, 2),
+        "kudos_details": {"generated": round(worker.kudos_rewards, 2), "uptime": 0},
+        "performance": f"{round(float(worker.speed or 0), 1)} tokens per second",
+        "threads": worker.threads,
+        # Seconds from its first pop to its last: hordeops does not sum online spells.
+        "uptime": max(0, int((worker.last_pop_at - worker.created_at).total_seconds())),
+        "maintenance_mode": worker.maintenance,
+        "info": worker.info or None,
+        "nsfw": worker.nsfw,
+        "trusted": account.trusted,
+        "flagged": False,
+        "team": {"name": None, "id": None},  # no teams: the AI Horde's shape of "None"
+        "bridge_agent": worker.bridge_agent,
+        "models": worker.served_models,
+        "max_length": worker.max_length,
+        "max_context_length": worker.max_context_length,
+        "tokens_generated": worker.tokens_generated,
+    }
+    if privileged:
+        details.update(owner=unique_alias(account), messages=[], paused=False, suspicious=0)
+    return details
+
+
+def user_details(account: Account, *, now: datetime, privileged: bool) -> dict[str, Any]:
+    workers = list(account.workers.all())  # as many as the account runs
+    kudos = round(sum(worker.kudos_rewards for worker in workers), 2)
+    details: dict[str, Any] = {
+        "username": unique_alias(account),
+        "id": account.pk,
+        "kudos": kudos,
+        "kudos_details": {
+            "accumulated": kudos,
+            "gifted": 0,
+            "donated": 0,
+            "admin": 0,
+            "received": 0,
+            "recurring": 0,
+            "awarded": 0,
+            "styled": 0,
+        },
+        "usage": {},  # the AI Horde's obsolete keys, empty there too
+        "contributions": {},
+        "records": {
+            "contribution": {"tokens": sum(worker.tokens_generated for worker in workers)},
+            "fulfillment": {"text": sum(worker.completed_jobs for worker in workers)},
+        },
+        "concurrency": account.waiting_requests_limit,
+        "worker_invited": 0,
+        "moderator": account.moderator,
+        "trusted": account.trusted,
+        "flagged": False,
+        "pseudonymous": account.is_anonymous,
+        "worker_count": len(workers),
+        "account_age": max(0, int((now - account.created_at).total_seconds())),
+        "service": False,
+        "deleted": False,
+        "education": False,
+        "customizer": False,
+        "styles": [],
+    }
+    if privileged:
+        details.update(
+            worker_ids=[str(worker.pk) for worker in workers], sharedkey_ids=[], vpn=False, special=False
+        )
+    return details

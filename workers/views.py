@@ -1,0 +1,138 @@
+"""The horde's account and worker routes (the AI Horde's `/find_user`, `/users`, `/workers`):
+parse, call one service or read, shape the answer with `workers.details`."""
+
+from uuid import UUID
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from hordeops import clock, errors
+from hordeops.serializers import HordeErrorOutput, StrictBooleanField, StrictCharField
+from workers import services
+from workers.details import TEXT, user_details, worker_details
+from workers.models import Account, Worker
+
+APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
+APIKEY_OPTIONAL = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=False)
+ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404)}
+
+
+def _caller(request: Request) -> Account | None:
+    """The key's account, if a known key was sent: it decides what details are shown. An
+    unknown key is no error on these public routes, as on the AI Horde: it sees what anyone does."""
+    try:
+        return services.authenticate(api_key=request.headers.get("apikey"))
+    except errors.InvalidAPIKey:
+        return None
+
+
+def _may_see(caller: Account | None, account_id: int) -> bool:
+    return caller is not None and (caller.moderator or caller.pk == account_id)
+
+
+def _worker(lookup: dict) -> Worker:
+    worker = Worker.objects.select_related("account").filter(**lookup).first()
+    if worker is None:
+        raise errors.WorkerNotFound()
+    return worker
+
+
+def _worker_answer(request: Request, worker: Worker) -> Response:
+    privileged = _may_see(_caller(request), worker.account_id)
+    return Response(worker_details(worker, now=clock.now(), privileged=privileged))
+
+
+class FindUserView(APIView):
+    @extend_schema(operation_id="find_user", parameters=[APIKEY], responses={200: dict, **ERRORS})
+    def get(self, request: Request) -> Response:
+        account = services.authenticate(api_key=request.headers.get("apikey"))
+        return Response(user_details(account, now=clock.now(), privileged=True))
+
+
+class UserView(APIView):
+    @extend_schema(operation_id="user", parameters=[APIKEY_OPTIONAL], responses={200: dict, **ERRORS})
+    def get(self, request: Request, user_id: str) -> Response:
+        account = Account.objects.filter(pk=int(user_id)).first() if user_id.isdigit() else None
+        if account is None:
+            raise errors.UserNotFound()
+        privileged = _may_see(_caller(request), account.pk)
+        return Response(user_details(account, now=clock.now(), privileged=privileged))
+
+
+class WorkersView(APIView):
+    @extend_schema(
+        operation_id="workers",
+        parameters=[
+            APIKEY_OPTIONAL,
+            OpenApiParameter("type", str, enum=["text", "image", "interrogation", "all"]),
+            OpenApiParameter("name", str),
+        ],
+        responses={200: dict, **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        """The workers online now (the AI Horde's list); hordeops has text workers only."""
+        kind = request.query_params.get("type", "all")
+        if kind not in (TEXT, "image", "interrogation", "all"):
+            raise errors.BadRequest("type must be one of text, image, interrogation or all.")
+        if kind not in (TEXT, "all"):
+            return Response([])
+        now = clock.now()
+        workers = Worker.objects.online(now).select_related("account").order_by("name")
+        if "name" in request.query_params:
+            workers = workers.filter(name=request.query_params["name"])
+        caller = _caller(request)
+        return Response(
+            [worker_details(w, now=now, privileged=_may_see(caller, w.account_id)) for w in workers]
+        )
+
+
+class WorkerModifyInput(serializers.Serializer):
+    maintenance = StrictBooleanField(required=False, allow_null=True)
+    maintenance_msg = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=500)
+    info = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=1000)
+    name = StrictCharField(required=False, allow_null=True, min_length=5, max_length=100)
+    paused = StrictBooleanField(required=False, allow_null=True)
+    team = StrictCharField(required=False, allow_null=True, allow_blank=True, max_length=36)
+
+
+WORKER_ID = OpenApiParameter("worker_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+
+
+class WorkerView(APIView):
+    def _id(self, raw: str) -> UUID:
+        try:
+            return UUID(raw)
+        except ValueError:
+            raise errors.WorkerNotFound() from None
+
+    @extend_schema(
+        operation_id="worker", parameters=[WORKER_ID, APIKEY_OPTIONAL], responses={200: dict, **ERRORS}
+    )
+    def get(self, request: Request, worker_id: str) -> Response:
+        return _worker_answer(request, _worker({"pk": self._id(worker_id)}))
+
+    @extend_schema(
+        operation_id="worker_modify",
+        parameters=[WORKER_ID, APIKEY],
+        request=WorkerModifyInput,
+        responses={200: dict, **ERRORS},
+    )
+    def put(self, request: Request, worker_id: str) -> Response:
+        serializer = WorkerModifyInput(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        changed = services.modify_worker(
+            api_key=request.headers.get("apikey"), worker_id=self._id(worker_id), **serializer.validated_data
+        )
+        return Response(changed)
+
+
+class WorkerByNameView(APIView):
+    @extend_schema(
+        operation_id="worker_by_name", parameters=[APIKEY_OPTIONAL], responses={200: dict, **ERRORS}
+    )
+    def get(self, request: Request, worker_name: str) -> Response:
+        return _worker_answer(request, _worker({"name": worker_name}))
