@@ -261,6 +261,8 @@ class _Pops:
     def run(self, fleet: list, pops: int, rng: random.Random) -> None:
         from django.db import connection
 
+        from jobs.services import PoppedJob
+
         for n in range(pops):
             worker = rng.choice(fleet)
             statements = _Statements()
@@ -276,7 +278,7 @@ class _Pops:
             self.other_sql.append(statements.sql_seconds - statements.pop_query_seconds)
             self.outside_sql.append(wall - statements.sql_seconds)
             self.statements[statements.count] += 1
-            if job is not None:
+            if isinstance(job, PoppedJob):
                 self.got += 1
                 self.tiers[job.request.fallback_tier] += 1
                 _requeue(job)

@@ -69,6 +69,24 @@ def filters_sql(r: str, w: str, wa: str) -> str:
     )
 
 
+# Why a worker that passes no offer was passed over, in the AI Horde's words (its pop's
+# `skipped`): the first of the plain filters above it fails, else the speed gate (a better
+# tier is online) or another pop's lock.
+SKIP_REASONS = ("models", "max_length", "max_context_length", "worker_id", "untrusted", "performance")
+
+
+def skip_reason_sql(r: str, w: str, wa: str) -> str:
+    """Which of SKIP_REASONS passed request `r` over for worker `w`: `filters_sql` taken apart."""
+    return (
+        f"(CASE WHEN NOT (cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"
+        f" THEN 'models' WHEN {r}.max_length > {w}.max_length THEN 'max_length'"
+        f" WHEN {r}.max_context_length > {w}.max_context_length THEN 'max_context_length'"
+        f" WHEN NOT (cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"
+        f" THEN 'worker_id'"
+        f" WHEN {r}.trusted_workers AND NOT {wa}.trusted THEN 'untrusted' ELSE 'performance' END)"
+    )
+
+
 def offer_sql(r: str = "r", w: str = "w", wa: str = "wa") -> str:
     """May worker `w` be offered request `r` now? Filters, then the tiered speed gate."""
     better = (

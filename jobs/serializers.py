@@ -75,7 +75,10 @@ class TextParamsInput(serializers.Serializer):
     dynatemp_exponent = _float(0, 5)
     sampler_order = serializers.ListField(child=_int(0, 6), max_length=7, required=False)
     stop_sequence = serializers.ListField(
-        child=StrictCharField(allow_blank=False, max_length=2000), max_length=128, required=False
+        # As sent: "\nYou:" must stop the model at the start of the user's turn, not at any "You:".
+        child=StrictCharField(allow_blank=False, trim_whitespace=False, max_length=2000),
+        max_length=128,
+        required=False,
     )
     use_default_badwordsids = _flag()
     frmtadsnsp = _flag()

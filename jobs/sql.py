@@ -22,12 +22,43 @@ WORKERS, ACCOUNTS = Worker._meta.db_table, Account._meta.db_table
 
 # Request states and generation states, as the statements write them.
 ACTIVE, REQUEST_DONE = TextRequest.State.ACTIVE.value, TextRequest.State.DONE.value
+TEXT = TextRequest.Kind.TEXT.value
 EXPIRED, FAULTED = TextRequest.State.EXPIRED.value, TextRequest.State.FAULTED.value
 PROCESSING, DONE = Generation.State.PROCESSING.value, Generation.State.DONE.value
 ABORTED, CANCELLED = Generation.State.ABORTED.value, Generation.State.CANCELLED.value
 
 
 # -- The pop ---------------------------------------------------------------------------------
+
+
+# The popping worker as values (`pop_params`), as rows `w` and `wa` of the statements below.
+_POPPING_WORKER = """
+             (SELECT %(w_id)s::uuid AS id, %(w_account_id)s::bigint AS account_id,
+                     %(w_speed)s::double precision AS speed, %(w_max_length)s::integer AS max_length,
+                     %(w_max_context_length)s::integer AS max_context_length,
+                     %(w_served_models)s::varchar[] AS served_models,
+                     %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat) AS w,
+             (SELECT %(wa_trusted)s::boolean AS trusted) AS wa"""
+
+# How many waiting requests, from the head of the queue, a pop that found nothing explains.
+SKIPPED_SCAN = 100
+
+
+@cache
+def skipped() -> str:
+    """Why the first SKIPPED_SCAN waiting requests (in queue order, on `request_pop_queue`) were
+    passed over by a pop that found nothing: (reason, count) per `eligibility.SKIP_REASONS`.
+    Chat jobs are not counted for a worker that does not serve chat: they do not exist for it."""
+    return f"""
+        SELECT s.reason, count(*) FROM (
+            SELECT {eligibility.skip_reason_sql("r", "w", "wa")} AS reason
+            FROM {REQUESTS} AS r,{_POPPING_WORKER}
+            WHERE r.state = '{ACTIVE}' AND r.queued > 0 AND r.expires_at > %(now)s
+              AND (r.kind = '{TEXT}' OR w.chat)
+            ORDER BY r.fair_rank ASC, r.priority DESC, r.created_at ASC
+            LIMIT {SKIPPED_SCAN}
+        ) AS s GROUP BY s.reason
+    """
 
 
 @cache
@@ -48,13 +79,7 @@ def pop() -> str:
     """
     return f"""
         SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
-        FROM {REQUESTS} AS r,
-             (SELECT %(w_id)s::uuid AS id, %(w_account_id)s::bigint AS account_id,
-                     %(w_speed)s::double precision AS speed, %(w_max_length)s::integer AS max_length,
-                     %(w_max_context_length)s::integer AS max_context_length,
-                     %(w_served_models)s::varchar[] AS served_models,
-                     %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat) AS w,
-             (SELECT %(wa_trusted)s::boolean AS trusted) AS wa
+        FROM {REQUESTS} AS r,{_POPPING_WORKER}
         WHERE r.state = '{ACTIVE}' AND r.queued > 0
           AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
                OR %(plan_hint)s::boolean)

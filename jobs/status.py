@@ -6,9 +6,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Avg, Sum
 
 from jobs import eligibility, sql
 from jobs.models import Generation, TextRequest
+from workers.models import Worker
 
 
 def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
@@ -21,6 +23,18 @@ def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
         cursor.execute(sql.eligible_workers(), {**eligibility.params(now), "request": request_id})
         workers, threads, capable, speed = cursor.fetchone()
     return {"workers": workers, "threads": threads, "capable": capable, "speed": speed}
+
+
+def _wait_time(request: TextRequest, *, ahead: int, eligible: dict[str, Any], now: datetime) -> int:
+    """Seconds until the request's jobs are done, as the AI Horde estimates them: the tokens of
+    the jobs ahead and its own, over the speed of the workers that may serve it, or of the whole
+    online fleet when none may now (at least 1 token a second, as there)."""
+    threads, speed = eligible["threads"], eligible["speed"]
+    if not threads:
+        fleet = Worker.objects.online(now).aggregate(threads=Sum("threads"), speed=Avg("speed"))
+        threads, speed = fleet["threads"] or 0, fleet["speed"]
+    rate = (speed or settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND) * threads if threads else 1
+    return math.ceil((ahead + request.queued) * request.max_length / rate)
 
 
 def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
@@ -36,11 +50,9 @@ def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
     queue_position = 0
     wait_time = 0
     if request.state == TextRequest.State.ACTIVE and request.queued:
-        queue_position = TextRequest.objects.ahead_of(request).count()
-        if threads:
-            speed = eligible["speed"] or settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND
-            jobs_ahead = queue_position + request.queued
-            wait_time = math.ceil(jobs_ahead * request.max_length / (speed * threads))
+        ahead = TextRequest.objects.ahead_of(request).count()
+        queue_position = ahead + 1  # the AI Horde's: first in the queue is 1, 0 is not queued
+        wait_time = _wait_time(request, ahead=ahead, eligible=eligible, now=now)
     return {
         "finished": request.finished,
         "processing": processing,

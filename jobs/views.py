@@ -123,18 +123,18 @@ PAYLOAD_DEFAULTS = {"min_p": 0.0, "smoothing_factor": 0.0, "dynatemp_range": 0.0
 EMPTY_PAYLOAD = {**PAYLOAD_DEFAULTS, "max_context_length": 2048, "max_length": 80}
 
 
-def _pop_answer(job: services.PoppedJob | None, now, *, chat: bool) -> dict:
+def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool) -> dict:
     """The pop's answer in the AI Horde's shape. A worker that pops with `chat: true` also gets
     `kind`, `lease` and `deadline_ms` when it has a job, never as nulls: a legacy worker sees
     exactly the AI Horde's keys (horde_sdk's strict mode refuses any other)."""
-    if job is None:
+    if isinstance(job, services.EmptyPop):
         return {
             "payload": dict(EMPTY_PAYLOAD),
             "id": None,
             "ids": [],
             "model": None,
             "ttl": None,
-            "skipped": {},
+            "skipped": job.skipped,
             "messages": [],
             "softprompt": None,
             "extra_source_images": None,

@@ -11,7 +11,7 @@ unless given. One module per thing the flow does:
 """
 
 from jobs.services.endings import cancel_request
-from jobs.services.pop import PoppedJob, pop_generation, pop_params
+from jobs.services.pop import EmptyPop, PoppedJob, pop_generation, pop_params
 from jobs.services.progress import ProgressResult, record_progress
 from jobs.services.requests import (
     commit_stream,
@@ -25,6 +25,7 @@ from jobs.services.stale import StalePassResult, abort_stale_generations
 from jobs.services.submit import submit_generation
 
 __all__ = [
+    "EmptyPop",
     "PoppedJob",
     "ProgressResult",
     "StalePassResult",

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
+
 from hordeops import clock, errors, metrics
 from hordeops.rows import fetch_instance
 from jobs import eligibility, leases, sql
@@ -25,6 +27,14 @@ class PoppedJob:
         return self.generations[0]
 
 
+@dataclass(frozen=True)
+class EmptyPop:
+    """A pop that found nothing, and why the head of the queue passed the worker over: the
+    AI Horde's `skipped`, `{reason: count}` (`sql.skipped`)."""
+
+    skipped: dict[str, int]
+
+
 def pop_generation(
     *,
     api_key: str | None,
@@ -38,7 +48,7 @@ def pop_generation(
     bridge_agent: str,
     amount: int,
     now: datetime | None = None,
-) -> PoppedJob | None:
+) -> PoppedJob | EmptyPop:
     """Authenticate the key and check the worker in, then claim the best request it may
     serve, if any.
 
@@ -77,7 +87,9 @@ def pop_generation(
     if request is None:
         if worker.maintenance:
             raise errors.WorkerMaintenance(worker.maintenance_reason or None)
-        return None
+        with connection.cursor() as cursor:
+            cursor.execute(sql.skipped(), params)
+            return EmptyPop(skipped=dict(cursor.fetchall()))
     request.queued -= request.take
     generations = [
         Generation(

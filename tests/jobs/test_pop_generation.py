@@ -10,7 +10,7 @@ from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
 from jobs.models import Generation, TextRequest
-from jobs.services import pop_generation
+from jobs.services import EmptyPop, pop_generation
 from workers.models import Worker
 
 POP = {
@@ -217,7 +217,8 @@ def test_the_pop_costs_a_pinned_number_of_queries(requester, owner, django_asser
     # locks a request, takes its job and starts the lease.
     with django_assert_num_queries(2):
         assert owner.pop("w").json()["id"] is not None
-    with django_assert_num_queries(2):
+    # A pop that finds nothing explains why in one more, bounded statement (`skipped`).
+    with django_assert_num_queries(3):
         assert owner.pop("w").json()["id"] is None
 
 
@@ -238,7 +239,7 @@ def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_c
             start.wait()
             while True:
                 job = pop_generation(api_key=owner.api_key, name=f"w{n}", **POP)
-                if job is None:
+                if isinstance(job, EmptyPop):
                     return
                 taken.append(str(job.request.id))
         except BaseException as exc:  # surfaced below
@@ -296,7 +297,7 @@ def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester
     now = timezone.now()
     job = pop_generation(api_key=owner.api_key, name="w", **POP)
     answers = [_pop_answer(job, now, chat=chat) for chat in (True, False)]
-    for answer in (*answers, _pop_answer(None, now, chat=True)):
+    for answer in (*answers, _pop_answer(EmptyPop(skipped={"models": 2}), now, chat=True)):
         as_is = json.loads(JSONRenderer().render(answer))
         assert as_is == json.loads(JSONRenderer().render(serializers.PopOutput(answer).data))
     assert as_is["id"] is None
@@ -351,3 +352,27 @@ def test_the_pops_generic_plan_walks_the_queue_index_without_sorting(requester, 
     assert "$1" in picking  # generic: the worker's values are parameters, not constants
     assert "Index Scan using request_pop_queue" in picking
     assert "Sort" not in picking
+
+
+def test_a_pop_that_finds_nothing_counts_why_the_waiting_requests_passed_it_over(
+    requester, owner, make_caller, trusted_owner
+):
+    owner.pop("picky", models=["m1"], max_length=100, max_context_length=1000)
+    trusted_owner.pop("elsewhere", models=["m1", "m2"], max_length=4096)
+    requester.request_text(models=["m2"])  # models
+    requester.request_text(models=["m1"], params={"max_length": 200})  # max_length
+    requester.request_text(models=["m1"], params={"max_length": 50, "max_context_length": 2048})  # context
+    elsewhere_id = str(Worker.objects.get(name="elsewhere").id)
+    requester.request_text(models=["m1"], workers=[elsewhere_id], params={"max_context_length": 1000})
+    requester.request_text(models=["m1"], trusted_workers=True, params={"max_context_length": 1000})
+    empty = owner.pop("picky", models=["m1"], max_length=100, max_context_length=1000).json()
+    assert empty["id"] is None
+    assert empty["skipped"] == {
+        "models": 1,
+        "max_length": 1,
+        "max_context_length": 1,
+        "worker_id": 1,
+        "untrusted": 1,
+    }
+    idle = make_caller("idle-owner").pop("idle", models=["m-none"]).json()
+    assert idle["skipped"] == {"models": 5}

@@ -57,3 +57,14 @@ def test_the_kudos_estimate_is_whole_as_the_ai_horde_rounds_it(requester, max_le
     assert created.json()["kudos"] == kudos and isinstance(created.json()["kudos"], int)
     dry = requester.request_text(params=params, dry_run=True)
     assert dry.status_code == 200 and dry.json() == {"kudos": kudos}
+
+
+def test_stop_sequences_and_the_prompt_reach_the_worker_exactly_as_sent(requester, owner):
+    owner.pop("w", models=["m1"])
+    stops = ["\nYou:", " ", "\t###\n", "END "]
+    prompt = "  \n Someone: hi\nYou: "
+    created = requester.request_text(prompt, models=["m1"], params={"stop_sequence": stops})
+    assert created.status_code == 202
+    payload = owner.pop("w", models=["m1"]).json()["payload"]
+    assert payload["stop_sequence"] == stops
+    assert payload["prompt"] == prompt
