@@ -51,3 +51,8 @@ class StrictUUIDField(serializers.UUIDField):
         if not isinstance(data, str):
             self.fail("invalid", value=data)
         return super().to_internal_value(data)
+
+
+# OpenAPI security requirements of the horde routes: the `apikey` header, or optionally it.
+APIKEY_AUTH = [{"apikey": []}]
+OPTIONAL_APIKEY_AUTH = [{}, {"apikey": []}]

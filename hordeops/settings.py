@@ -287,9 +287,14 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "2.5.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "APPEND_COMPONENTS": {
-        "securitySchemes": {"apikey": {"type": "apiKey", "in": "header", "name": "apikey"}}
+        "securitySchemes": {
+            "apikey": {"type": "apiKey", "in": "header", "name": "apikey"},
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "x-api-key": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+        }
     },
-    "SECURITY": [{"apikey": []}],
+    # Each route states its own key (jobs/schema.py): the status routes and the heartbeat need none.
+    "PREPROCESSING_HOOKS": ["jobs.schema.add_chat_routes"],
 }
 
 # --- Celery (Redis broker, one beat) ----------------------------------------------------

@@ -3,6 +3,7 @@
 import threading
 
 from django.utils.functional import cached_property
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops.serializers import (  # noqa: F401  (the horde routes' error shape and strict fields)
@@ -73,7 +74,7 @@ class TextParamsInput(serializers.Serializer):
     smoothing_factor = _float(0, 10)
     dynatemp_range = _float(0, 5)
     dynatemp_exponent = _float(0, 5)
-    sampler_order = serializers.ListField(child=_int(0, 6), max_length=7, required=False)
+    sampler_order = serializers.ListField(child=_int(0, 6), min_length=7, max_length=7, required=False)
     stop_sequence = serializers.ListField(
         # As sent: "\nYou:" must stop the model at the start of the user's turn, not at any "You:".
         child=StrictCharField(allow_blank=False, trim_whitespace=False, max_length=2000),
@@ -98,8 +99,14 @@ class TextParamsInput(serializers.Serializer):
         return value
 
 
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": 1_000_000})
+class PromptField(StrictCharField):
+    """The prompt, as sent. An empty one is read here and refused by the view as the AI Horde's
+    `MissingPrompt`, not as a validation error; the schema says what is accepted."""
+
+
 class TextAsyncInput(serializers.Serializer):
-    prompt = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
+    prompt = PromptField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
     params = TextParamsInput(required=False)
     models = serializers.ListField(child=StrictCharField(max_length=255), max_length=200, default=list)
     workers = serializers.ListField(child=StrictUUIDField(), max_length=5, default=list)
@@ -142,8 +149,10 @@ class RequestStatusOutput(serializers.Serializer):
 
 
 class PopInput(WorkerInput):
-    name = StrictCharField(max_length=100, trim_whitespace=True)
-    models = serializers.ListField(child=StrictCharField(max_length=255), min_length=1, max_length=200)
+    name = StrictCharField(min_length=1, max_length=100, trim_whitespace=True)
+    models = serializers.ListField(
+        child=StrictCharField(min_length=1, max_length=255), min_length=1, max_length=200
+    )
     max_length = _int(1, 1_048_576, default=512)
     max_context_length = _int(1, 1_048_576, default=2048)
     threads = _int(1, 50, default=1)

@@ -10,9 +10,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
+from hordeops.serializers import APIKEY_AUTH
 from jobs import deadlines, discovery, services
 from jobs import serializers as s
 from jobs.models import TextRequest
+from jobs.schema import DEADLINE
 from jobs.status import request_status
 from workers.services import authenticate
 
@@ -48,7 +50,8 @@ def _worker_post(serializer_class, request: Request) -> tuple[str | None, dict]:
 class TextAsyncView(APIView):
     @extend_schema(
         operation_id="text_async",
-        parameters=[APIKEY],
+        parameters=[APIKEY, DEADLINE],
+        auth=APIKEY_AUTH,
         request=s.TextAsyncInput,
         responses={202: s.TextAsyncOutput, 200: s.TextAsyncOutput, **ERRORS},
     )
@@ -181,6 +184,7 @@ class TextPopView(APIView):
     @extend_schema(
         operation_id="text_pop",
         parameters=[APIKEY],
+        auth=APIKEY_AUTH,
         request=s.PopInput,
         responses={200: s.PopOutput, **ERRORS},
     )
@@ -210,6 +214,7 @@ class TextProgressView(APIView):
     @extend_schema(
         operation_id="text_progress",
         parameters=[APIKEY],
+        auth=APIKEY_AUTH,
         request=s.ProgressInput,
         responses={200: s.ProgressOutput, **ERRORS},
     )
@@ -229,6 +234,7 @@ class TextSubmitView(APIView):
     @extend_schema(
         operation_id="text_submit",
         parameters=[APIKEY],
+        auth=APIKEY_AUTH,
         request=s.SubmitInput,
         responses={200: s.SubmitOutput, **ERRORS},
     )

@@ -11,7 +11,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
-from hordeops.serializers import HordeErrorOutput, StrictBooleanField, StrictCharField
+from hordeops.serializers import (
+    APIKEY_AUTH,
+    OPTIONAL_APIKEY_AUTH,
+    HordeErrorOutput,
+    StrictBooleanField,
+    StrictCharField,
+)
 from workers import services
 from workers.details import TEXT, user_details, worker_details
 from workers.models import Account, Worker
@@ -47,14 +53,21 @@ def _worker_answer(request: Request, worker: Worker) -> Response:
 
 
 class FindUserView(APIView):
-    @extend_schema(operation_id="find_user", parameters=[APIKEY], responses={200: dict, **ERRORS})
+    @extend_schema(
+        operation_id="find_user", parameters=[APIKEY], responses={200: dict, **ERRORS}, auth=APIKEY_AUTH
+    )
     def get(self, request: Request) -> Response:
         account = services.authenticate(api_key=request.headers.get("apikey"))
         return Response(user_details(account, now=clock.now(), privileged=True))
 
 
 class UserView(APIView):
-    @extend_schema(operation_id="user", parameters=[APIKEY_OPTIONAL], responses={200: dict, **ERRORS})
+    @extend_schema(
+        operation_id="user",
+        parameters=[APIKEY_OPTIONAL],
+        responses={200: dict, **ERRORS},
+        auth=OPTIONAL_APIKEY_AUTH,
+    )
     def get(self, request: Request, user_id: str) -> Response:
         account = Account.objects.filter(pk=int(user_id)).first() if user_id.isdigit() else None
         if account is None:
@@ -66,6 +79,7 @@ class UserView(APIView):
 class WorkersView(APIView):
     @extend_schema(
         operation_id="workers",
+        auth=OPTIONAL_APIKEY_AUTH,
         parameters=[
             APIKEY_OPTIONAL,
             OpenApiParameter("type", str, enum=["text", "image", "interrogation", "all"]),
@@ -110,13 +124,17 @@ class WorkerView(APIView):
             raise errors.WorkerNotFound() from None
 
     @extend_schema(
-        operation_id="worker", parameters=[WORKER_ID, APIKEY_OPTIONAL], responses={200: dict, **ERRORS}
+        operation_id="worker",
+        parameters=[WORKER_ID, APIKEY_OPTIONAL],
+        responses={200: dict, **ERRORS},
+        auth=OPTIONAL_APIKEY_AUTH,
     )
     def get(self, request: Request, worker_id: str) -> Response:
         return _worker_answer(request, _worker({"pk": self._id(worker_id)}))
 
     @extend_schema(
         operation_id="worker_modify",
+        auth=APIKEY_AUTH,
         parameters=[WORKER_ID, APIKEY],
         request=WorkerModifyInput,
         responses={200: dict, **ERRORS},
@@ -132,7 +150,10 @@ class WorkerView(APIView):
 
 class WorkerByNameView(APIView):
     @extend_schema(
-        operation_id="worker_by_name", parameters=[APIKEY_OPTIONAL], responses={200: dict, **ERRORS}
+        operation_id="worker_by_name",
+        parameters=[APIKEY_OPTIONAL],
+        responses={200: dict, **ERRORS},
+        auth=OPTIONAL_APIKEY_AUTH,
     )
     def get(self, request: Request, worker_name: str) -> Response:
         return _worker_answer(request, _worker({"name": worker_name}))

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops import errors
@@ -37,6 +38,14 @@ class ResponseItemInput(serializers.Serializer):
         return text
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "description": "one user message"},
+            {"type": "array", "minItems": 1, "items": {"type": "object"}, "description": "message items"},
+        ]
+    }
+)
 class ResponsesInputField(serializers.Field):
     """`input`: a string (one user message) or a list of message items."""
 

@@ -27,3 +27,88 @@ def test_the_schema_generates_without_warnings(tmp_path):
 
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
     assert (tmp_path / "schema.yaml").read_text().startswith("openapi: 3")
+
+
+def _schema() -> dict:
+    return yaml.safe_load(APIClient().get("/api/schema/").content)
+
+
+def _served_paths() -> set[str]:
+    """Every route the URLconf serves under /api/v2/ and /v1/, written as the schema writes it."""
+    import re
+
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    def walk(patterns, prefix=""):
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if isinstance(pattern, URLResolver):
+                yield from walk(pattern.url_patterns, route)
+            elif isinstance(pattern, URLPattern):
+                yield route
+
+    paths = set()
+    for route in walk(get_resolver().url_patterns):
+        route = route.replace("^", "").replace("$", "")
+        route = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", route)
+        route = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route)
+        if route.startswith(("api/v2/", "v1/")):
+            paths.add("/" + route)
+    return paths
+
+
+def test_the_schema_describes_every_route_served_the_v1_ones_and_the_deadline_header_included(db):
+    schema = _schema()
+    served = _served_paths()
+    assert {"/v1/chat/completions", "/v1/models/{model_id}", "/api/v2/find_user"} <= served
+    assert served <= set(schema["paths"]), served - set(schema["paths"])
+    for path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        operation = schema["paths"][path]["post"]
+        assert "X-MultiLLM-Deadline-Ms" in [p["name"] for p in operation["parameters"]]
+        assert operation["security"] == [{"bearer": []}, {"x-api-key": []}]
+        assert "requestBody" in operation
+    async_operation = schema["paths"]["/api/v2/generate/text/async"]["post"]
+    assert "X-MultiLLM-Deadline-Ms" in [p["name"] for p in async_operation["parameters"]]
+
+
+def test_only_the_routes_that_need_a_key_declare_one(db):
+    paths = _schema()["paths"]
+    assert "security" not in paths["/api/v2/status/heartbeat"]["get"]
+    assert "security" not in paths["/api/v2/generate/text/status/{request_id}"]["get"]
+    assert "security" not in paths["/api/v2/status/models"]["get"]
+    for path, method in (("/api/v2/generate/text/pop", "post"), ("/api/v2/find_user", "get")):
+        assert paths[path][method]["security"] == [{"apikey": []}]
+    assert paths["/api/v2/workers"]["get"]["security"] == [{}, {"apikey": []}]
+
+
+def test_the_schema_refuses_the_bodies_the_server_refuses(requester, owner):
+    import jsonschema
+
+    schema = _schema()
+    components = schema["components"]["schemas"]
+
+    def schema_accepts(component: str, body: dict) -> bool:
+        resolver = {"$ref": f"#/components/schemas/{component}", "components": schema["components"]}
+        try:
+            jsonschema.validate(body, resolver)
+        except jsonschema.ValidationError:
+            return False
+        return True
+
+    assert components  # the components the bodies are checked against
+    owner.pop("w", models=["m1"])
+    cases = [
+        ("PopInput", "/api/v2/generate/text/pop", {"name": "", "models": ["m1"]}),
+        ("PopInput", "/api/v2/generate/text/pop", {"name": "w", "models": [""]}),
+        ("TextAsyncInput", "/api/v2/generate/text/async", {"prompt": ""}),
+        ("TextAsyncInput", "/api/v2/generate/text/async", {"prompt": "hi", "params": {"sampler_order": []}}),
+    ]
+    for component, path, body in cases:
+        caller = owner if path.endswith("pop") else requester
+        assert caller.post(path, body).status_code == 400, body
+        assert not schema_accepts(component, body), body
+    # And what both accept.
+    assert schema_accepts("PopInput", {"name": "w", "models": ["m1"]})
+    assert schema_accepts(
+        "TextAsyncInput", {"prompt": "hi", "params": {"sampler_order": [6, 0, 1, 3, 4, 2, 5]}}
+    )
