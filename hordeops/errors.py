@@ -24,7 +24,7 @@ class DomainError(Exception):
 def response_headers(err: DomainError, status: int) -> dict[str, str]:
     """The headers every error shape adds: whether and when a client may send it again."""
     headers = {}
-    if status in (502, 504):
+    if status in (502, 503, 504):
         # The SDKs retry every 5xx unless told not to; resending would queue a new job.
         headers["x-should-retry"] = "false"
     if err.retry_after is not None:

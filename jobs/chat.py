@@ -31,6 +31,11 @@ from workers.services import authenticate
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+RedisError = redis.exceptions.RedisError
+
+# What a 503 says was left behind.
+NOT_QUEUED = "The horde cannot reach its database or Redis right now. Nothing was queued."
+CANCELLED = "The horde lost its connection to Redis. The request was cancelled: nothing is left queued."
 
 
 @dataclass(frozen=True)
@@ -211,7 +216,7 @@ async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
         return protocol.error_response(err)
     except (DatabaseError, redis.exceptions.RedisError):
         logger.exception("chat request could not be queued")
-        return protocol.error_response(errors.ServiceUnavailable())
+        return protocol.error_response(errors.ServiceUnavailable(NOT_QUEUED))
     exchange = _Exchange(protocol, call, text_request, budget)
     try:
         first = await exchange.first_output()
@@ -251,8 +256,11 @@ class _Exchange:
             await _end(self.text_request, err.code)
             raise
         except (redis.exceptions.RedisError, errors.ServiceUnavailable):
+            # The relay is gone: nobody would read the job's output, so it is cancelled, not
+            # left to be served after recovery.
             await self.follower.close()
-            raise errors.ServiceUnavailable() from None
+            await _end(self.text_request, errors.ServiceUnavailable.code)
+            raise errors.ServiceUnavailable(CANCELLED) from None
         if first.kind == "failed":
             await self.follower.close()
             raise _failure(first.reason)
@@ -283,9 +291,15 @@ class _Exchange:
                     yield chunk
                 try:
                     output = await _next(self.follower, self.budget)
-                except errors.GenerationDeadlineExceeded as err:
+                except (errors.GenerationDeadlineExceeded, errors.ServiceUnavailable, RedisError) as raised:
                     # After commitment: the protocol's error event, then the stream just
-                    # ends (no [DONE] or stop event, no fallback) and the job is cancelled.
+                    # ends (no [DONE] or stop event, no fallback) and the job is cancelled:
+                    # past its deadline, or with the relay lost (Redis failed).
+                    err = (
+                        raised
+                        if isinstance(raised, errors.DomainError)
+                        else errors.ServiceUnavailable(CANCELLED)
+                    )
                     for chunk in self.protocol.stream_error(self.reply, err):
                         yield chunk
                     finished = True

@@ -136,14 +136,69 @@ def _wait_until_up(server: LiveServer, deadline: float) -> None:
             time.sleep(0.1)
 
 
+class PrivateRedis:
+    """A redis-server of a test's own, on a free port, that the test may kill and start again
+    without touching the shared one (no persistence: a restart comes back empty, as after a
+    crash without an AOF)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no",
+             "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the private redis-server did not start") from None
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no shutdown, no goodbye to the clients."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
+            self.process = None
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
 @pytest.fixture
 def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveStack]:
-    """N uvicorn processes (2 unless parametrized indirectly) on the test database and Redis."""
+    """N uvicorn processes (2 unless parametrized indirectly) on the test database and Redis
+    (the test's own redis-server when it asks for `private_redis` too)."""
     count = getattr(request, "param", 2)
+    redis_url = (
+        request.getfixturevalue("private_redis").url
+        if "private_redis" in request.fixturenames
+        else settings.REDIS_URL
+    )
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
-        "REDIS_URL": settings.REDIS_URL,
+        "REDIS_URL": redis_url,
         "PYTHONUNBUFFERED": "1",
         # Every test client is 127.0.0.1: no rate limits (tests/hordeops/test_rate_limits.py).
         "KEY_RATE_PER_SECOND": "0",

@@ -8,6 +8,7 @@ from collections import Counter as Tally
 from datetime import datetime
 from uuid import UUID
 
+import redis.exceptions
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -38,7 +39,8 @@ def cancel_request(
             running = list(request.generations.processing().values_list("pk", flat=True))
             _cancel_generations(running, reason, now)
             failures = [(request.pk, reason)] if request.kind == TextRequest.Kind.CHAT else []
-            transaction.on_commit(lambda: _end_streams(failures, running))
+            # Robust: with Redis down the cancellation still commits; the leases then expire.
+            transaction.on_commit(lambda: _end_streams(failures, running), robust=True)
     return request
 
 
@@ -51,10 +53,20 @@ def _cancel_generations(generation_ids: list[UUID], reason: str, now: datetime) 
     if not generation_ids:
         return
     settlement = []
-    for lease in leases.states(generation_ids):
-        relayed = (
-            int(lease["tokens"]) if lease.get("tokens") else math.ceil(int(lease.get("output_len", 0)) / 4)
-        )
+    try:
+        states = leases.states(generation_ids)
+    except redis.exceptions.RedisError:
+        # Redis is down (the cancellation may be because of it): what was relayed is unknown.
+        states = [None] * len(generation_ids)
+    for lease in states:
+        if lease is None:
+            relayed = None
+        else:
+            relayed = (
+                int(lease["tokens"])
+                if lease.get("tokens")
+                else math.ceil(int(lease.get("output_len", 0)) / 4)
+            )
         settlement.append(
             json.dumps({"usage": "unknown", "tokens_relayed": relayed, "reservation": None, "reason": reason})
         )

@@ -702,7 +702,7 @@ def test_the_deadline_error_event_after_commitment_is_exactly_the_contracts_in_e
         (errors.GenerationDeadlineExceeded(), 504, "timeout_error", "timeout_error"),
     ],
 )
-def test_each_error_has_its_status_and_type_in_both_shapes_and_502_504_are_not_retried(
+def test_each_error_has_its_status_and_type_in_both_shapes_and_502_503_504_are_not_retried(
     err, status, anthropic_type, openai_type
 ):
     answer = AnthropicMessages().error_response(err)
@@ -716,7 +716,7 @@ def test_each_error_has_its_status_and_type_in_both_shapes_and_502_504_are_not_r
         assert openai_answer.status_code == status
         assert json.loads(openai_answer.content)["error"]["type"] == openai_type
     for response in (answer, OpenAIResponses().error_response(err)):
-        assert response.get("x-should-retry") == ("false" if status in (502, 504) else None)
+        assert response.get("x-should-retry") == ("false" if status in (502, 503, 504) else None)
 
 
 def test_a_504_before_commitment_carries_the_deadline_code_in_the_openai_shapes():

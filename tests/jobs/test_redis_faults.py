@@ -1,0 +1,103 @@
+"""Redis killed (SIGKILL) under open chat requests, on a redis-server of the test's own: a
+committed stream ends with its protocol's error event, no [DONE] or stop event, and the job
+is cancelled; a request still waiting is cancelled and answered 503, saying so, with
+`x-should-retry: false`; nothing is left queued for after recovery."""
+
+import json
+import time
+
+import httpx
+import pytest
+
+from jobs.models import Generation, TextRequest
+from tests.live import Background, ChatWorker
+
+MODEL = "koboldcpp/faults-8B"
+WAIT_SECONDS = 20
+# How soon after the kill the requester must be told.
+TOLD_WITHIN_SECONDS = 5
+
+BODIES = {
+    "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    "/v1/responses": {"model": MODEL, "input": "hi", "stream": True},
+    "/v1/messages": {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    },
+}
+# What each protocol's error event says when the service failed.
+ERROR_MARKS = {"/v1/chat/completions": "service_unavailable", "/v1/responses": "service_unavailable",
+               "/v1/messages": "overloaded_error"}  # fmt: skip
+ENDINGS = ("[DONE]", "response.completed", "message_stop")
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+@pytest.mark.parametrize("path", list(BODIES))
+def test_a_committed_stream_ends_with_an_error_event_when_redis_dies(
+    private_redis, live_stack, make_caller, path
+):
+    [url] = live_stack.urls
+    requester, owner = make_caller("faults-requester"), make_caller("faults-owner")
+    worker = ChatWorker(url, owner.api_key, name="faults-worker", model=MODEL)
+    worker.pop()
+
+    def serve_some() -> str:
+        worker.pop_job()
+        assert worker.progress("Hello").status_code == 200
+        return worker.id
+
+    serving = Background(serve_some)
+    headers = {"Authorization": f"Bearer {requester.api_key}", "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=url, headers=headers, timeout=WAIT_SECONDS) as http:
+        with http.stream("POST", path, json=BODIES[path]) as response:
+            assert response.status_code == 200
+            body = b""
+            chunks = response.iter_bytes()
+            while b"Hello" not in body:
+                body += next(chunks)
+            generation_id = serving.result()
+            private_redis.kill()
+            killed = time.monotonic()
+            for chunk in chunks:
+                body += chunk
+            told_after = time.monotonic() - killed
+    text = body.decode()
+    tail = text[text.index("Hello") :]
+    assert ERROR_MARKS[path] in tail, text
+    assert not any(ending in tail for ending in ENDINGS), text
+    assert told_after < TOLD_WITHIN_SECONDS
+    generation = Generation.objects.get(pk=generation_id)
+    assert generation.state == Generation.State.CANCELLED
+    assert generation.request.state == TextRequest.State.CANCELLED
+    assert generation.request.queued == 0
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_a_waiting_request_is_cancelled_and_answered_503_when_redis_dies(
+    private_redis, live_stack, make_caller
+):
+    [url] = live_stack.urls
+    requester, owner = make_caller("faults-requester"), make_caller("faults-owner")
+    ChatWorker(url, owner.api_key, name="faults-worker", model=MODEL).pop()  # known, but serving nothing
+    headers = {"Authorization": f"Bearer {requester.api_key}"}
+
+    def ask() -> httpx.Response:
+        with httpx.Client(base_url=url, headers=headers, timeout=WAIT_SECONDS) as http:
+            return http.post("/v1/chat/completions", json={**BODIES["/v1/chat/completions"], "stream": False})
+
+    asking = Background(ask)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not TextRequest.objects.filter(state=TextRequest.State.ACTIVE).exists():
+        assert time.monotonic() < deadline, "the request was not queued"
+        time.sleep(0.05)
+    time.sleep(0.3)  # the requester is now waiting on the relay
+    private_redis.kill()
+    answer = asking.result()
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["x-should-retry"] == "false"
+    error = json.loads(answer.text)["error"]
+    assert error["code"] == "service_unavailable" and "nothing is left queued" in error["message"]
+    [request] = TextRequest.objects.all()
+    assert (request.state, request.queued) == (TextRequest.State.CANCELLED, 0)
