@@ -4,7 +4,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from hordeops import errors
 from hordeops.rows import fetch_instance, fetch_instances
@@ -173,7 +173,11 @@ def modify_worker(
                 raise errors.NotModerator()
             if Worker.objects.filter(name=name).exclude(pk=worker.pk).exists():
                 raise errors.WorkerNameAlreadyExists()
-            Worker.objects.filter(pk=worker.pk).update(name=name)
+            try:
+                with transaction.atomic():  # a name taken in the same instant: the unique index says so
+                    Worker.objects.filter(pk=worker.pk).update(name=name)
+            except IntegrityError:
+                raise errors.WorkerNameAlreadyExists() from None
             changed["name"] = name
         if not changed:
             raise errors.NoValidActions()
