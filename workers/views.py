@@ -69,7 +69,12 @@ class UserView(APIView):
         auth=OPTIONAL_APIKEY_AUTH,
     )
     def get(self, request: Request, user_id: str) -> Response:
-        account = Account.objects.filter(pk=int(user_id)).first() if user_id.isdigit() else None
+        # Digits only, and within a bigint: anything else is no user, not a database error.
+        account = (
+            Account.objects.filter(pk=int(user_id)).first()
+            if user_id.isdigit() and len(user_id) < 19
+            else None
+        )
         if account is None:
             raise errors.UserNotFound()
         privileged = _may_see(_caller(request), account.pk)
