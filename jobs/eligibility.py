@@ -56,35 +56,38 @@ def tier_sql(r: str, w: str, wa: str) -> str:
     )
 
 
+def _filters(r: str, w: str, wa: str) -> list[tuple[str | None, str]]:
+    """The plain filters, each with the AI Horde's name for a request it passes over (None:
+    one the AI Horde does not report, maintenance, or a kind the worker does not see)."""
+    return [
+        ("max_length", f"{r}.max_length <= {w}.max_length"),
+        ("max_context_length", f"{r}.max_context_length <= {w}.max_context_length"),
+        ("models", f"(cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"),
+        ("worker_id", f"(cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"),
+        ("untrusted", f"(NOT {r}.trusted_workers OR {wa}.trusted)"),
+        (None, f"(NOT {w}.maintenance OR {w}.account_id = {r}.account_id)"),
+        (None, f"({r}.kind = '{TEXT}' OR {w}.chat)"),
+    ]
+
+
 def filters_sql(r: str, w: str, wa: str) -> str:
     """The plain filters: could this worker serve this request at all?"""
-    return (
-        f"{r}.max_length <= {w}.max_length"
-        f" AND {r}.max_context_length <= {w}.max_context_length"
-        f" AND (cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"
-        f" AND (cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"
-        f" AND (NOT {r}.trusted_workers OR {wa}.trusted)"
-        f" AND (NOT {w}.maintenance OR {w}.account_id = {r}.account_id)"
-        f" AND ({r}.kind = '{TEXT}' OR {w}.chat)"
-    )
+    return " AND ".join(condition for _, condition in _filters(r, w, wa))
 
 
-# Why a worker that passes no offer was passed over, in the AI Horde's words (its pop's
-# `skipped`): the first of the plain filters above it fails, else the speed gate (a better
-# tier is online) or another pop's lock.
+# Why a worker that was offered nothing was passed over, in the AI Horde's words (its pop's
+# `skipped`): the first plain filter that fails, else the speed gate (a better tier is online)
+# or another pop's lock.
+# In this order: a request that fails several filters counts under the first (a model the worker
+# does not serve says more than its lengths).
 SKIP_REASONS = ("models", "max_length", "max_context_length", "worker_id", "untrusted", "performance")
 
 
 def skip_reason_sql(r: str, w: str, wa: str) -> str:
     """Which of SKIP_REASONS passed request `r` over for worker `w`: `filters_sql` taken apart."""
-    return (
-        f"(CASE WHEN NOT (cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"
-        f" THEN 'models' WHEN {r}.max_length > {w}.max_length THEN 'max_length'"
-        f" WHEN {r}.max_context_length > {w}.max_context_length THEN 'max_context_length'"
-        f" WHEN NOT (cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"
-        f" THEN 'worker_id'"
-        f" WHEN {r}.trusted_workers AND NOT {wa}.trusted THEN 'untrusted' ELSE 'performance' END)"
-    )
+    conditions = {reason: condition for reason, condition in _filters(r, w, wa) if reason}
+    whens = " ".join(f"WHEN NOT {conditions[reason]} THEN '{reason}'" for reason in SKIP_REASONS[:-1])
+    return f"(CASE {whens} ELSE 'performance' END)"
 
 
 def offer_sql(r: str = "r", w: str = "w", wa: str = "wa") -> str:
