@@ -31,7 +31,6 @@ from workers.services import authenticate
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-RedisError = redis.exceptions.RedisError
 
 # What a 503 says was left behind.
 NOT_QUEUED = "The horde cannot reach its database or Redis right now. Nothing was queued."
@@ -136,6 +135,14 @@ def _abandon(request_id: UUID, reason: str = "cancelled") -> None:
         logger.exception("could not cancel an abandoned chat request")
 
 
+def chat_caller(request: HttpRequest) -> Account:
+    """The account of a /v1 request's key (`Authorization: Bearer` or `x-api-key`)."""
+    api_key = keys.chat_api_key(request.headers)
+    if not api_key:
+        raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
+    return authenticate(api_key=api_key)
+
+
 def _start(
     request: HttpRequest, protocol: ChatProtocol, header: Budget | errors.DomainError | None
 ) -> tuple[ChatCall, TextRequest, Budget | None]:
@@ -144,10 +151,7 @@ def _start(
     `header` is the deadline header's budget, or the error that refuses the header: the key
     is checked first, so that a bad key is a 401 whatever the header says.
     """
-    api_key = keys.chat_api_key(request.headers)
-    if not api_key:
-        raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
-    account: Account = authenticate(api_key=api_key)
+    account = chat_caller(request)
     if isinstance(header, errors.DomainError):
         raise header
     budget = header.within(account.deadline_limit_ms) if header else None
@@ -291,7 +295,11 @@ class _Exchange:
                     yield chunk
                 try:
                     output = await _next(self.follower, self.budget)
-                except (errors.GenerationDeadlineExceeded, errors.ServiceUnavailable, RedisError) as raised:
+                except (
+                    errors.GenerationDeadlineExceeded,
+                    errors.ServiceUnavailable,
+                    redis.exceptions.RedisError,
+                ) as raised:
                     # After commitment: the protocol's error event, then the stream just
                     # ends (no [DONE] or stop event, no fallback) and the job is cancelled:
                     # past its deadline, or with the relay lost (Redis failed).

@@ -10,10 +10,10 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from hordeops import clock, errors, keys
+from hordeops import clock, errors
+from jobs.chat import chat_caller
 from jobs.protocols import PROTOCOLS, ChatProtocol
 from workers.models import Worker
-from workers.services import authenticate
 
 # Who "owns" a model in OpenAI's shape: the volunteers of the horde.
 OWNED_BY = "horde"
@@ -67,10 +67,7 @@ def _anthropic_page(request: HttpRequest, entries: list[dict[str, Any]]) -> dict
 def _served(request: HttpRequest) -> dict[str, datetime]:
     if request.method != "GET":
         raise errors.MethodNotAllowed()
-    api_key = keys.chat_api_key(request.headers)
-    if not api_key:
-        raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
-    authenticate(api_key=api_key)
+    chat_caller(request)
     return Worker.objects.chat_models(clock.now())
 
 

@@ -76,11 +76,15 @@ def _active_models(now: datetime) -> dict[str, dict[str, Any]]:
     return active
 
 
+def _models(now: datetime) -> dict[str, dict[str, Any]]:
+    return _cached(MODELS_KEY, LIVE_SECONDS, lambda: _active_models(now))
+
+
 def models_status(*, now: datetime, kind: str, min_count: int | None, max_count: int | None) -> list[dict]:
     """`GET /status/models`: the text models (none for `type=image`, the AI Horde's default)."""
     if kind != TEXT:
         return []
-    active = _cached(MODELS_KEY, LIVE_SECONDS, lambda: _active_models(now))
+    active = _models(now)
     return [
         entry
         for entry in active.values()
@@ -91,7 +95,7 @@ def models_status(*, now: datetime, kind: str, min_count: int | None, max_count:
 
 def model_status(name: str, *, now: datetime) -> list[dict]:
     """`GET /status/models/{name}`: a list of one, or empty, as the AI Horde answers."""
-    active = _cached(MODELS_KEY, LIVE_SECONDS, lambda: _active_models(now))
+    active = _models(now)
     return [active[name]] if name in active else []
 
 

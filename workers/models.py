@@ -77,13 +77,15 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         """Workers that popped within WORKER_ONLINE_SECONDS (the eligibility rule's own test)."""
         return self.filter(last_pop_at__gte=online_since(now))
 
+    def online_chat(self, now: datetime) -> "WorkerQuerySet":
+        """Online workers that serve chat jobs: the ones behind the `/v1` routes' models."""
+        return self.online(now).filter(chat=True)
+
     def chat_models(self, now: datetime) -> dict[str, datetime]:
         """The models online chat workers serve now, sorted, each with when the first of those
         workers was created: what the `/v1` routes offer."""
         first: dict[str, datetime] = {}
-        for served, created_at in (
-            self.online(now).filter(chat=True).values_list("served_models", "created_at")
-        ):
+        for served, created_at in self.online_chat(now).values_list("served_models", "created_at"):
             for model in served:
                 first[model] = min(first.get(model, created_at), created_at)
         return dict(sorted(first.items()))

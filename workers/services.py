@@ -147,6 +147,7 @@ def modify_worker(
         worker = Worker.objects.select_for_update().filter(pk=worker_id).first()
         if worker is None:
             raise errors.WorkerNotFound()
+        this = Worker.objects.filter(pk=worker.pk)
         may = caller.moderator or caller.pk == worker.account_id
         if paused is not None:
             if not caller.moderator:
@@ -160,13 +161,12 @@ def modify_worker(
                 raise errors.NotOwner()
             by_owner = caller.pk == worker.account_id
             reason = maintenance_msg or (errors.WorkerMaintenance.default_message if by_owner else "")
-            one = Worker.objects.filter(pk=worker.pk)
-            set_maintenance(workers=one, maintenance=maintenance, reason=reason)
+            set_maintenance(workers=this, maintenance=maintenance, reason=reason)
             changed["maintenance"] = maintenance
         if info is not None:
             if not may:
                 raise errors.NotOwner()
-            Worker.objects.filter(pk=worker.pk).update(info=info)
+            this.update(info=info)
             changed["info"] = info
         if name is not None:
             if not may:
@@ -175,7 +175,7 @@ def modify_worker(
                 raise errors.WorkerNameAlreadyExists()
             try:
                 with transaction.atomic():  # a name taken in the same instant: the unique index says so
-                    Worker.objects.filter(pk=worker.pk).update(name=name)
+                    this.update(name=name)
             except IntegrityError:
                 raise errors.WorkerNameAlreadyExists() from None
             changed["name"] = name

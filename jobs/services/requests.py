@@ -45,7 +45,7 @@ class QueuedText:
 
 def _require_online_chat_model(model: str, now: datetime) -> None:
     """A chat route's model must be one an online chat worker serves now (`/v1/models`)."""
-    if not Worker.objects.online(now).filter(chat=True, served_models__overlap=[model]).exists():
+    if not Worker.objects.online_chat(now).filter(served_models__overlap=[model]).exists():
         raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
 
 
