@@ -31,6 +31,16 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number") from None
+
+
 def env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name, "")
     if raw == "":
@@ -117,12 +127,17 @@ def env_networks(name: str) -> tuple:
     return tuple(networks)
 
 
+# The longest any request waits for a pooled connection: an outage answers 503 this soon.
+DATABASE_POOL_WAIT_SECONDS = env_float("DATABASE_POOL_WAIT_SECONDS", 2.0)
+
+
 def database_from_url(url: str) -> dict:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
     return {
-        "ENGINE": "django.db.backends.postgresql",
+        # Django's PostgreSQL backend, its pool's wait bounded per request (hordeops/dbwait.py).
+        "ENGINE": "hordeops.db",
         "NAME": unquote(parts.path.lstrip("/")) or "hordeops",
         "USER": unquote(parts.username or "postgres"),
         "PASSWORD": unquote(parts.password or ""),
@@ -145,7 +160,8 @@ def database_from_url(url: str) -> dict:
             "pool": {
                 "min_size": env_int("DATABASE_POOL_MIN_SIZE", 2),
                 "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20),
-                "timeout": 10,
+                # hordeops.db passes each wait's own bound; this is the same setting's.
+                "timeout": DATABASE_POOL_WAIT_SECONDS,
             },
         },
         "TEST": {"NAME": env_str("TEST_DATABASE_NAME", "test_hordeops")},

@@ -20,7 +20,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from hordeops import asyncdb, clock, errors, keys
+from hordeops import asyncdb, clock, dbwait, errors, keys
 from hordeops.parsers import loads_strict
 from jobs import deadlines, relay, services
 from jobs.deadlines import Budget
@@ -130,7 +130,8 @@ def _failure(reason: str) -> errors.DomainError:
 def _abandon(request_id: UUID, reason: str = "cancelled") -> None:
     """The requester went away or ran out of time: cancel its request; nothing restarts it."""
     try:
-        services.cancel_request(request_id=request_id, reason=reason)
+        with dbwait.bounded(None):  # past the deadline too: the cancellation must be made
+            services.cancel_request(request_id=request_id, reason=reason)
     except Exception:
         logger.exception("could not cancel an abandoned chat request")
 
@@ -183,13 +184,10 @@ async def _queue(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall
 
     A request that was being queued when the deadline or the client ran out is cancelled.
     """
-    try:
-        if deadlines.INTERNAL_HEADER in request.headers:  # checked against Redis: not on the loop
-            header = await asyncio.to_thread(deadlines.budget_for, request)
-        else:
-            header = deadlines.budget_for(request)
-    except errors.DomainError as err:
-        header = err
+    if deadlines.INTERNAL_HEADER in request.headers:  # checked against Redis: not on the loop
+        header = await asyncio.to_thread(deadlines.header_budget, request)
+    else:
+        header = deadlines.header_budget(request)
 
     def undo(started: tuple[ChatCall, TextRequest, Budget | None]) -> None:
         _, text_request, budget = started
@@ -197,7 +195,8 @@ async def _queue(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall
         _abandon(text_request.id, errors.GenerationDeadlineExceeded.code if expired else "cancelled")
 
     budget = header if isinstance(header, Budget) else None
-    return await _within(budget, asyncdb.run(_start, request, protocol, header, undo=undo))
+    with deadlines.connection_wait(header):  # the step's wait for a connection included
+        return await _within(budget, asyncdb.run(_start, request, protocol, header, undo=undo))
 
 
 async def _next(follower: RequestRelay, budget: Budget | None) -> Output:

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest
 
-from hordeops import clock, errors
+from hordeops import clock, dbwait, errors
 
 HEADER = "X-MultiLLM-Deadline-Ms"
 INTERNAL_HEADER = "X-MultiLLM-Internal-Deadline-Ms"
@@ -48,6 +48,11 @@ class Budget:
 
     def remaining_seconds(self) -> float:
         return max(0.0, self.total_ms / 1000 - (time.monotonic() - self.started))
+
+    @property
+    def until(self) -> float:
+        """When the budget runs out, on the monotonic clock."""
+        return self.started + self.total_ms / 1000
 
     @property
     def expired(self) -> bool:
@@ -166,3 +171,19 @@ def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> 
         if limit:
             limits.append(limit)
     return Budget(total_ms=min(limits), started=clock.arrived(request))
+
+
+def header_budget(request: HttpRequest) -> Budget | errors.DomainError | None:
+    """The budget the headers set before the caller is known, or the error that refuses them,
+    returned rather than raised: a bad key is a 401 whatever the header says, so the error
+    waits for the key check. Cut to the account's limit with `Budget.within` once it is known.
+    """
+    try:
+        return budget_for(request)
+    except errors.DomainError as err:
+        return err
+
+
+def connection_wait(header: Budget | errors.DomainError | None):
+    """A context in which database connection waits end with the budget (hordeops.dbwait)."""
+    return dbwait.bounded(header.until if isinstance(header, Budget) else None)

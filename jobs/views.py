@@ -56,8 +56,15 @@ class TextAsyncView(APIView):
         responses={202: s.TextAsyncOutput, 200: s.TextAsyncOutput, **ERRORS},
     )
     def post(self, request: Request) -> Response:
+        header = deadlines.header_budget(request)
+        with deadlines.connection_wait(header):
+            return self._queue(request, header)
+
+    def _queue(self, request: Request, header: deadlines.Budget | errors.DomainError | None) -> Response:
         account = _account(request)
-        budget = deadlines.budget_for(request, account_limit_ms=account.deadline_limit_ms)
+        if isinstance(header, errors.DomainError):
+            raise header
+        budget = header.within(account.deadline_limit_ms) if header else None
         data = _validated(s.TextAsyncInput, request)
         if not data["prompt"]:
             raise errors.MissingPrompt()

@@ -1,0 +1,1 @@
+"""PostgreSQL as Django's backend has it, with connection waits bounded (`hordeops.dbwait`)."""
