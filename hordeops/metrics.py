@@ -5,6 +5,11 @@ yet `/metrics` on any web process must show them all: so the counters live in on
 hash, incremented by whoever counts (the lease Lua script increments renewals itself), and
 a collector reads the hash at scrape time. Every label set is exported from the start.
 
+Redis keeps nothing on disk here, so a Redis restart starts the totals again from zero. It
+is not silent: the hash records when it was first counted into (`created`, set at the first
+scrape that finds it missing), exported as each counter's `_created` sample, which Prometheus
+reads as a counter reset and the operations page shows as "counting since".
+
 Each count also lands in a per-minute hash that lives two hours, so that the operations page
 can show the last hour minute by minute without a time-series database.
 """
@@ -17,7 +22,11 @@ from django.conf import settings
 from prometheus_client.core import REGISTRY, CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from hordeops import clock
+
 METRICS_KEY = "hordeops:metrics"
+# The field of METRICS_KEY that says since when its totals count (Unix seconds).
+CREATED_FIELD = "created"
 MINUTE_KEY_PREFIX = "hordeops:metrics:minute:"
 # A minute's hash outlives the hour the operations page shows, with room for clock skew.
 MINUTE_KEY_TTL_SECONDS = 2 * 3600
@@ -96,17 +105,26 @@ def per_minute(*, now: datetime, minutes: int = 60) -> dict[str, list[int]]:
     return {f: [int(b.get(f.encode(), 0)) for b in buckets] for f in fields}
 
 
+def counting_since(*, now: datetime) -> float:
+    """When the totals started (Unix seconds): now, for totals that Redis lost or never had."""
+    client = _redis()
+    client.hsetnx(METRICS_KEY, CREATED_FIELD, repr(now.timestamp()))
+    return float(client.hget(METRICS_KEY, CREATED_FIELD))
+
+
 class RedisCounterCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         try:
-            stored = {k.decode(): int(v) for k, v in _redis().hgetall(METRICS_KEY).items()}
+            created = counting_since(now=clock.now())
+            stored = {k.decode(): v for k, v in _redis().hgetall(METRICS_KEY).items()}
         except Exception:
             # A scrape must not fail because Redis is down; the counters are then absent.
             return
         for counter in COUNTERS:
             family = CounterMetricFamily(counter.name, counter.documentation, labels=counter.labels)
             for label_set in counter.label_sets:
-                family.add_metric(list(label_set), stored.get(counter.field(*label_set), 0))
+                count = int(stored.get(counter.field(*label_set), 0))
+                family.add_metric(list(label_set), count, created=created)
             yield family
 
 

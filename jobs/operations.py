@@ -6,7 +6,7 @@ and Celery process adds to (`hordeops.metrics`). Reads only: nothing here change
 """
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import Count, Sum
 
@@ -80,6 +80,7 @@ class Operations:
     queue: list[QueueDepth]
     workers_online: int
     series: list[Series]
+    counting_since: datetime  # when Redis's totals started: a Redis restart starts them again
 
 
 def _series(label: str, counter: metrics.HordeCounter, counts: dict[str, list[int]], **fixed: str) -> Series:
@@ -127,4 +128,5 @@ def snapshot(*, now: datetime) -> Operations:
             _series("Stale aborts", metrics.STALE_ABORTS, counts),
             _series("Capacity-limited pops", metrics.POP_LEASE_CAPACITY_LIMITED, counts),
         ],
+        counting_since=datetime.fromtimestamp(metrics.counting_since(now=now), tz=UTC),
     )

@@ -1,5 +1,7 @@
 """`/metrics`: the horde's counters, every label set present, summed over every process."""
 
+import time
+
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
@@ -33,3 +35,18 @@ def test_a_count_made_anywhere_shows_on_the_scrape(db):
     before = scrape()[key]
     metrics.increment(metrics.STALE_ABORTS, "trusted", amount=3, now=timezone.now())
     assert scrape()[key] == before + 3
+
+
+def test_totals_that_redis_lost_say_since_when_they_count(db):
+    key = ("horde_text_stale_aborts_created", (("trust", "trusted"),))
+    metrics._redis().delete(metrics.METRICS_KEY)  # what a Redis restart does to the totals
+    first = scrape()[key]
+    assert abs(first - time.time()) < 60  # a Unix time, now, not zero
+    metrics.increment(metrics.STALE_ABORTS, "trusted", amount=2, now=timezone.now())
+    assert scrape()[key] == first  # counting on: the same start
+
+    metrics._redis().delete(metrics.METRICS_KEY)  # and again
+    time.sleep(0.01)
+    samples = scrape()
+    assert samples[key] > first  # the scrape says the totals started again
+    assert samples[("horde_text_stale_aborts_total", (("trust", "trusted"),))] == 0

@@ -77,6 +77,15 @@ def test_the_page_shows_processing_lapsed_queue_depth_and_the_last_hour(
     assert text["id"]
 
 
+def test_the_page_says_since_when_the_totals_count(moderator, time_machine):
+    from hordeops import metrics
+
+    time_machine.move_to(START, tick=False)
+    metrics._redis().delete(metrics.METRICS_KEY)  # as after a Redis restart
+    page = moderator.get(PAGE).content.decode()
+    assert '<span id="ops-counting-since">2026-09-14 10:00:00</span> UTC' in page
+
+
 def test_counts_older_than_an_hour_leave_the_page(moderator, owner, chat_job, time_machine):
     time_machine.move_to("2026-09-15 10:00:00+00:00", tick=False)
     chat = chat_job(owner)
