@@ -80,7 +80,8 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
             _end_streams(expired_chats, cancelled)
             _relay_restarts(outcomes, aborted)
 
-        transaction.on_commit(after_commit)
+        # robust: the pass has committed; Redis failing now must not make it look undone.
+        transaction.on_commit(after_commit, robust=True)
     if result.aborted or result.expired_requests:
         logger.info(
             "stale pass: aborted %d generations, expired %d requests, %d workers into maintenance",

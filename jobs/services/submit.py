@@ -101,8 +101,10 @@ def _submit(
         raise _refusal(generation.pk)
     if text_request.kind == TextRequest.Kind.CHAT:
         finish = "length" if tokens >= text_request.max_length else "stop"
+        # robust: the result is accepted once committed, Redis or not; the answer says so.
         transaction.on_commit(
-            lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish)
+            lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish),
+            robust=True,
         )
     return reward
 
@@ -122,4 +124,8 @@ def _give_back(generation: Generation, now: datetime) -> None:
             raise _refusal(generation.pk)
         outcomes = _restart_requests(Tally([generation.request_id]))
         count_aborts(counts=Tally([generation.worker_id]), now=now)
-        transaction.on_commit(lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)]))
+        # robust: committed, the give-back has happened, so it is not answered 503 if Redis
+        # fails now; the lease left in Redis is dead anyway, as the row says (`_refusal`).
+        transaction.on_commit(
+            lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)]), robust=True
+        )

@@ -101,3 +101,36 @@ def test_a_waiting_request_is_cancelled_and_answered_503_when_redis_dies(
     assert error["code"] == "service_unavailable" and "nothing is left queued" in error["message"]
     [request] = TextRequest.objects.all()
     assert (request.state, request.queued) == (TextRequest.State.CANCELLED, 0)
+
+
+# Redis as the web process sees it when it is down: nothing listens on port 1.
+DEAD_REDIS = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": "redis://127.0.0.1:1/0",
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5, "SOCKET_TIMEOUT": 0.5},
+    }
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_give_back_made_while_redis_is_down_takes_effect_and_is_answered_so(owner, chat_job, settings):
+    job = chat_job(owner)
+    settings.CACHES = DEAD_REDIS
+    given_back = owner.submit(job["id"], "", state="faulted")
+    assert given_back.status_code == 200, given_back.content
+    generation = Generation.objects.get(pk=job["id"])
+    assert generation.state == Generation.State.FAULTED
+    assert generation.request.queued == 1  # back in the queue, for another worker
+    again = owner.submit(job["id"], "", state="faulted")
+    assert (again.status_code, again.json()["rc"]) == (400, "AbortedGen")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chat_submit_answered_503_while_redis_is_down_did_not_happen(owner, chat_job, settings):
+    job = chat_job(owner)
+    settings.CACHES = DEAD_REDIS
+    refused = owner.submit(job["id"], "The end.")
+    assert refused.status_code == 503
+    generation = Generation.objects.get(pk=job["id"])
+    assert (generation.state, generation.text) == (Generation.State.PROCESSING, None)
