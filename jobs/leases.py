@@ -31,6 +31,7 @@ class Outcome(StrEnum):
     GAP = "gap"  # a seq past the next one: refused
     DEAD = "dead"  # the lease was ended (aborted, cancelled, submitted): refused
     TOO_LONG = "too_long"  # past the job's output bound: refused
+    LOST = "lost"  # Redis lost the lease (a restart) and nobody follows the request: refused
 
 
 # What a worker is told, of the outcomes it is told at all (the progress answer's `lease`).
@@ -49,12 +50,20 @@ def initial_job_ttl(cap: int) -> int:
     return min(settings.TEXT_JOB_LEASE_SECONDS, cap)
 
 
-# KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash.
+# Since when (Unix seconds, the posts' clock) this Redis has held leases: set by the first
+# post it sees, so that a lease missing from a Redis that started after the pop reads as lost
+# (a restart), not as a worker's first post.
+SINCE_KEY = "hordeops:leases-since"
+
+# KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash, SINCE_KEY.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
 #       key ttl, tokens, minute hash ttl, output limit (bytes).
 # Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
 # lapsed, retry, gap, dead, too_long (the delta would take the output past its limit: it is
-# neither relayed nor counted, and its seq is not taken).
+# neither relayed nor counted, and its seq is not taken), lost.
+# A missing lease is made from the row's values (ARGV). Past a first post (seq > 1) in a Redis
+# that started after the pop, it was lost: rebuilt taking this seq as the next one while a
+# requester still follows the relay channel, else `lost`.
 _RENEW_LUA = """
 local lease, relay, counters, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
@@ -68,9 +77,17 @@ local function count(outcome)
   redis.call('HINCRBY', minute, field, 1)
   redis.call('EXPIRE', minute, tonumber(ARGV[12]))
 end
+redis.call('SET', KEYS[5], ARGV[1], 'NX')
 if redis.call('EXISTS', lease) == 0 then
+  local taken = 0
+  if seq > 1 and tonumber(redis.call('GET', KEYS[5])) > tonumber(ARGV[5]) then
+    if redis.call('PUBSUB', 'NUMSUB', relay)[2] == 0 then
+      return {'{LOST}', ARGV[6], 0}
+    end
+    taken = seq - 1
+  end
   redis.call('HSET', lease, 'popped_at', ARGV[5], 'lease_end', ARGV[6], 'cap_end', ARGV[7],
-             'last_seq', 0, 'output_len', 0)
+             'last_seq', taken, 'output_len', 0)
   redis.call('EXPIRE', lease, tonumber(ARGV[10]))
 end
 local state = redis.call('HMGET', lease, '{DEAD}', 'last_seq', 'lease_end', 'cap_end', 'output_len')
@@ -189,6 +206,7 @@ def renew(
             relay_key(request_id),
             metrics.METRICS_KEY,
             metrics.minute_key(now),
+            SINCE_KEY,
         ],
         args=[
             repr(now.timestamp()),

@@ -10,9 +10,15 @@ from django.db import connection
 from hordeops import clock, errors
 from jobs import leases, sql
 from jobs.models import Generation, TextRequest
+from jobs.services.endings import cancel_request
 from jobs.services.posts import _posted_generation, _refusal, _refuse_past_deadline, _too_long
 
 logger = logging.getLogger(__name__)
+
+LOST_MESSAGE = (
+    "This generation was cancelled: the horde lost its stream (Redis restarted) and nobody "
+    "waits for its output any more. It does not count against the worker."
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,9 @@ def record_progress(
     The Lua script decides and relays atomically in Redis; a granted renewal is then written
     to the generation row as its new job_ttl, which is what the stale pass reads. If the pass
     aborted the generation in between, the write finds it gone: the lease is killed and the
-    worker told, so that no generation is ever aborted with a live stream lease.
+    worker told, so that no generation is ever aborted with a live stream lease. A lease that
+    Redis lost (a restart) is rebuilt from the row while its requester still follows, and
+    otherwise the request is cancelled and the worker told GenerationCancelled.
     """
     now = now or clock.now()
     generation = _posted_generation(api_key=api_key, generation_id=generation_id)
@@ -61,6 +69,11 @@ def record_progress(
     outcome = renewal.outcome
     if outcome == leases.Outcome.DEAD:
         raise _refusal(generation.pk)
+    if outcome == leases.Outcome.LOST:
+        # Redis lost the lease and its requester is gone (told of the failure, or away):
+        # nobody would read the output, so the job ends here rather than running for no one.
+        cancel_request(request_id=generation.request_id, reason=errors.ServiceUnavailable.code, now=now)
+        raise errors.GenerationCancelled(LOST_MESSAGE)
     if outcome == leases.Outcome.TOO_LONG:
         raise _too_long(generation.request)
     if outcome == leases.Outcome.GAP:

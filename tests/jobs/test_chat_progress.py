@@ -298,3 +298,66 @@ def test_the_script_answers_dead_for_a_lease_killed_before_it_existed(db):
         now=timezone.now(),
     )
     assert (renewal.outcome, renewal.last_seq) == ("dead", 0)
+
+
+def _lose_the_lease(generation: Generation) -> None:
+    """What a Redis restart does to a generation: its lease and relay stream are gone, and so is
+    the mark of since when Redis has held leases."""
+    get_redis_connection("default").delete(
+        leases.lease_key(generation.pk), leases.relay_key(generation.request_id), leases.SINCE_KEY
+    )
+
+
+def test_a_lease_redis_lost_is_rebuilt_from_the_row_while_its_requester_follows(
+    chat_job, owner, time_machine
+):
+    time_machine.move_to(T0, tick=False)
+    job = chat_job(owner)
+    generation = Generation.objects.get(pk=job["id"])
+    for seq in (1, 2):
+        assert progress(owner, job["id"], seq, f"part {seq} ").status_code == 200
+    _lose_the_lease(generation)
+    follower = get_redis_connection("default").pubsub()
+    follower.subscribe(leases.relay_key(generation.request_id))  # the requester's hub
+    try:
+        assert follower.get_message(timeout=2)["type"] == "subscribe"
+        time_machine.shift(10)
+        rebuilt = progress(owner, job["id"], 3, "part 3 ")
+        assert rebuilt.status_code == 200, rebuilt.json()
+        assert rebuilt.json()["lease"] == "granted"
+        assert progress(owner, job["id"], 4, "part 4").status_code == 200
+        assert follower.get_message(timeout=2)["type"] == "message"  # relayed live
+    finally:
+        follower.close()
+    assert _deltas(generation) == ["part 3 ", "part 4"]
+    state = leases.state(job["id"])
+    assert (state["last_seq"], float(state["cap_end"])) == ("4", generation.popped_at.timestamp() + 200)
+
+
+def test_a_lease_redis_lost_with_nobody_following_cancels_the_job(chat_job, owner, time_machine):
+    time_machine.move_to(T0, tick=False)
+    job = chat_job(owner)
+    generation = Generation.objects.get(pk=job["id"])
+    assert progress(owner, job["id"], 1).status_code == 200
+    _lose_the_lease(generation)
+    time_machine.shift(10)
+    refused = progress(owner, job["id"], 2)
+    assert (refused.status_code, refused.json()["rc"]) == (409, "GenerationCancelled")
+    assert "Redis restarted" in refused.json()["message"]
+    generation.refresh_from_db()
+    assert generation.state == Generation.State.CANCELLED
+    assert generation.request.state == TextRequest.State.CANCELLED
+    assert generation.settlement_information["reason"] == errors.ServiceUnavailable.code
+    again = owner.submit(job["id"], "The end.")
+    assert (again.status_code, again.json()["rc"]) == (409, "GenerationCancelled")
+
+
+def test_a_first_post_past_seq_1_in_a_redis_up_since_before_the_pop_is_still_a_gap(
+    chat_job, owner, time_machine
+):
+    time_machine.move_to(T0, tick=False)
+    get_redis_connection("default").set(leases.SINCE_KEY, timezone.datetime.fromisoformat(T0).timestamp() - 1)
+    job = chat_job(owner)
+    refused = progress(owner, job["id"], 2)
+    assert (refused.status_code, refused.json()["rc"]) == (409, "ProgressOutOfOrder")
+    assert progress(owner, job["id"], 1).status_code == 200

@@ -73,6 +73,19 @@ def test_a_committed_stream_ends_with_an_error_event_when_redis_dies(
     assert generation.request.state == TextRequest.State.CANCELLED
     assert generation.request.queued == 0
 
+    # Redis back, empty (no persistence): the worker is told the truth, not ProgressOutOfOrder,
+    # and the horde carries on with the next request.
+    private_redis.start()
+    after = worker.progress(" more")
+    assert (after.status_code, after.json()["rc"]) == (409, "GenerationCancelled")
+    serving = Background(lambda: (worker.pop_job(), worker.progress("Fine"), worker.submit("Fine, thanks.")))
+    with httpx.Client(base_url=url, headers=headers, timeout=WAIT_SECONDS) as http:
+        with http.stream("POST", path, json=BODIES[path]) as response:
+            assert response.status_code == 200
+            text = "".join(response.iter_text())
+    serving.result()
+    assert "thanks" in text and any(ending in text for ending in ENDINGS), text
+
 
 @pytest.mark.parametrize("live_stack", [1], indirect=True)
 def test_a_waiting_request_is_cancelled_and_answered_503_when_redis_dies(
