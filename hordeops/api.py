@@ -72,11 +72,24 @@ def _camel(code: str) -> str:
     return "".join(part.capitalize() for part in code.split("_"))
 
 
+# What a route cannot do while PostgreSQL or Redis is away: a 503, not a 500.
+UNAVAILABLE = (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
 def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
     """Map every error a horde route can raise to `{"message", "rc"}`."""
     from rest_framework.views import set_rollback
 
     set_rollback()
+    if isinstance(exc, DataError):
+        # A value PostgreSQL refuses that validation let through: the caller's input.
+        logger.warning("database refused a value: %s", type(exc).__name__)
+        return horde_error("A value in the request is out of range for the horde.", "BadRequest", 400)
+    if isinstance(exc, UNAVAILABLE):
+        # Only the class name: driver messages can quote the request's values.
+        sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
+        logger.error("service unavailable: %s %s", type(exc).__name__, sqlstate)
+        exc = errors.ServiceUnavailable()  # with its headers, as every 503
     if isinstance(exc, errors.DomainError):
         response = horde_error(exc.message, exc.code, exc.status, **exc.extra)
         for name, value in errors.response_headers(exc, exc.status).items():
@@ -89,16 +102,6 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
         return horde_error(VALIDATION_MESSAGE, "ValidationError", 400, errors=_flatten_errors(exc.detail))
     if isinstance(exc, drf_exceptions.ParseError):
         return horde_error(str(exc.detail), errors.InvalidJSON.code, 400)
-    if isinstance(exc, DataError):
-        # A value PostgreSQL refuses that validation let through: the caller's input.
-        logger.warning("database refused a value: %s", type(exc).__name__)
-        return horde_error("A value in the request is out of range for the horde.", "BadRequest", 400)
-    if isinstance(exc, (DatabaseError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
-        # Only the class name: driver messages can quote the request's values.
-        sqlstate = getattr(exc.__cause__, "sqlstate", None) or ""
-        logger.error("service unavailable: %s %s", type(exc).__name__, sqlstate)
-        err = errors.ServiceUnavailable()
-        return horde_error(err.message, err.code, err.status)
     if isinstance(exc, drf_exceptions.APIException):
         code = exc.get_codes()
         rc = _camel(code) if isinstance(code, str) else "BadRequest"

@@ -194,6 +194,12 @@ class ServiceUnavailable(DomainError):
     default_message = "The horde cannot reach its database or Redis right now."
 
 
+class DatabaseLost(ServiceUnavailable):
+    """PostgreSQL stopped answering while a chat request waited or streamed."""
+
+    default_message = "The horde lost its database. The request is cancelled: nothing of it will be served."
+
+
 class ProtocolValidationError(DomainError):
     """A chat request body that does not validate; `param` names the field."""
 

@@ -131,6 +131,11 @@ def env_networks(name: str) -> tuple:
 DATABASE_POOL_WAIT_SECONDS = env_float("DATABASE_POOL_WAIT_SECONDS", 2.0)
 
 
+# How often a web process that follows open chat requests checks that PostgreSQL answers
+# (jobs/relay.py): with the database gone, their streams end with an error event this soon.
+DATABASE_WATCH_SECONDS = env_float("DATABASE_WATCH_SECONDS", 1.0)
+
+
 def database_from_url(url: str) -> dict:
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
@@ -146,6 +151,9 @@ def database_from_url(url: str) -> dict:
         # Under ASGI each request's sync code may run on a thread of its own, so persistent
         # per-thread connections would pile up; a process-wide pool reuses them instead.
         "CONN_MAX_AGE": 0,
+        # With a pool, one empty round trip per checkout (psycopg_pool's check_connection):
+        # after a PostgreSQL restart no request is handed a connection the restart closed.
+        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             "connect_timeout": 5,
             # JIT would compile the pop on every call (its cost estimate, inflated by the speed

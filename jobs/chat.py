@@ -16,6 +16,7 @@ from typing import TypeVar
 from uuid import UUID
 
 import redis.exceptions
+from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -127,13 +128,55 @@ def _failure(reason: str) -> errors.DomainError:
     return errors.ReplyFailed(reason)
 
 
-def _abandon(request_id: UUID, reason: str = "cancelled") -> None:
-    """The requester went away or ran out of time: cancel its request; nothing restarts it."""
+def _abandon(request_id: UUID, reason: str = "cancelled") -> bool:
+    """The requester went away or ran out of time: cancel its request; nothing restarts it.
+    False when the database could not take the cancellation now: it is then deferred."""
     try:
         with dbwait.bounded(None):  # past the deadline too: the cancellation must be made
             services.cancel_request(request_id=request_id, reason=reason)
+    except DatabaseError:
+        logger.warning("cancellation deferred: the database is unavailable")
+        try:  # for the stale pass, should this process not live to make it
+            services.defer_cancellations(reasons={request_id: reason})
+        except redis.exceptions.RedisError:
+            logger.error("a deferred cancellation is held by this process only: Redis is unavailable")
+        return False
     except Exception:
         logger.exception("could not cancel an abandoned chat request")
+    return True
+
+
+# This process's cancellations that wait for the database, and the task that makes them.
+_deferred: dict[UUID, str] = {}
+_deferred_task: asyncio.Task | None = None
+
+
+def _defer(request_id: UUID, reason: str) -> None:
+    """Cancel the request once the database is back: this process retries every
+    DATABASE_WATCH_SECONDS, and Redis records it for the stale pass should the process die."""
+    global _deferred_task
+    _deferred[request_id] = reason
+    if _deferred_task is None or _deferred_task.done():
+        _deferred_task = asyncio.get_running_loop().create_task(_cancel_deferred())
+
+
+async def _cancel_deferred() -> None:
+    recorded: set[UUID] = set()
+    while _deferred:
+        await asyncio.sleep(settings.DATABASE_WATCH_SECONDS)
+        pending = dict(_deferred)
+        fresh = {key: value for key, value in pending.items() if key not in recorded}
+        try:
+            await asyncio.to_thread(services.defer_cancellations, reasons=fresh)
+            recorded.update(fresh)
+        except redis.exceptions.RedisError:
+            pass  # this process still holds them
+        try:
+            made = await asyncdb.run(services.cancel_deferred, pending=pending)
+        except DatabaseError:
+            continue  # still away
+        for request_id in made:
+            _deferred.pop(request_id, None)
 
 
 def chat_caller(request: HttpRequest) -> Account:
@@ -204,8 +247,11 @@ async def _next(follower: RequestRelay, budget: Budget | None) -> Output:
     return await _within(budget, follower.next_output())
 
 
-async def _end(text_request: TextRequest, reason: str) -> None:
-    await asyncio.shield(asyncdb.run(_abandon, text_request.id, reason))
+async def _end(text_request: TextRequest, reason: str, *, database_lost: bool = False) -> None:
+    """Cancel the request, or defer it when the database cannot take it: at once when the
+    relay hub found the database gone, so that a crowd of streams does not wait on the pool."""
+    if database_lost or not await asyncio.shield(asyncdb.run(_abandon, text_request.id, reason)):
+        _defer(text_request.id, reason)
 
 
 async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
@@ -258,12 +304,13 @@ class _Exchange:
             await self.follower.close()
             await _end(self.text_request, err.code)
             raise
-        except (redis.exceptions.RedisError, errors.ServiceUnavailable):
-            # The relay is gone: nobody would read the job's output, so it is cancelled, not
-            # left to be served after recovery.
+        except (redis.exceptions.RedisError, errors.ServiceUnavailable) as err:
+            # The relay or the database is gone: nobody would read the job's output, so it is
+            # cancelled, not left to be served after recovery.
             await self.follower.close()
-            await _end(self.text_request, errors.ServiceUnavailable.code)
-            raise errors.ServiceUnavailable(CANCELLED) from None
+            lost = isinstance(err, errors.DatabaseLost)
+            await _end(self.text_request, errors.ServiceUnavailable.code, database_lost=lost)
+            raise (err if lost else errors.ServiceUnavailable(CANCELLED)) from None
         if first.kind == "failed":
             await self.follower.close()
             raise _failure(first.reason)
@@ -310,7 +357,8 @@ class _Exchange:
                     for chunk in self.protocol.stream_error(self.reply, err):
                         yield chunk
                     finished = True
-                    await _end(self.text_request, err.code)
+                    lost = isinstance(err, errors.DatabaseLost)
+                    await _end(self.text_request, err.code, database_lost=lost)
                     return
             for chunk in self._ending(output, streamed="".join(sent)):
                 yield chunk

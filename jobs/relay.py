@@ -9,6 +9,8 @@ posted to: nothing is held in one process's memory but who is following what.
 A web process follows all its open requests through one pub/sub connection (`_Hub`), not a
 connection per stream: a follower subscribes, waits until Redis confirms the subscription,
 reads the backlog from the stream, then takes the live events, skipping any it has read.
+While it follows any request, the hub also watches PostgreSQL (`hordeops.dbprobe`): with the
+database gone no output can come, so every follower is failed as a lost Redis fails them.
 """
 
 import asyncio
@@ -24,6 +26,8 @@ import redis.asyncio
 import redis.exceptions
 from django.conf import settings
 from django_redis import get_redis_connection
+
+from hordeops import dbprobe, errors
 
 # Event types besides "delta" (written by the lease script).
 DONE = "done"  # the generation was submitted: text is the whole reply
@@ -135,7 +139,8 @@ class _Follower:
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
-        self.queue: asyncio.Queue[Event | redis.exceptions.RedisError] = asyncio.Queue()
+        # An error ends the follower: Redis's, or DatabaseLost when the database went.
+        self.queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
 
 
 class _Hub:
@@ -145,6 +150,7 @@ class _Hub:
     confirms each SUBSCRIBE in the order it was sent, so a queue of waiting confirmations per
     channel tells each follower when its subscription holds. A lost connection fails every
     follower (its stream ends as a Redis outage does); the next follower starts a new hub.
+    So does a database that stops answering its watch (`_watch_database`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -166,6 +172,7 @@ class _Hub:
         self._listener: asyncio.Task | None = None
         self._chores: set[asyncio.Task] = set()
         self.closed = False
+        self._chore(self._watch_database())
 
     async def follow(self, channel: str) -> _Follower:
         """Join `channel`; returns once Redis confirmed the subscription, so nothing is missed."""
@@ -265,7 +272,18 @@ class _Hub:
             self._fail(redis.exceptions.ConnectionError("the relay hub was stopped"))
             raise
 
-    def _fail(self, err: redis.exceptions.RedisError) -> None:
+    async def _watch_database(self) -> None:
+        """Fail every follower once PostgreSQL cannot be reached; ends with the hub."""
+        probe = dbprobe.DatabaseProbe(timeout=settings.DATABASE_WATCH_SECONDS * 2)
+        try:
+            while not self.closed:
+                await asyncio.sleep(settings.DATABASE_WATCH_SECONDS)
+                if not self.closed and not await probe.alive():
+                    self._fail(errors.DatabaseLost())
+        finally:
+            await probe.close()
+
+    def _fail(self, err: Exception) -> None:
         """Every follower gets `err`; the hub closes and a new one serves later followers."""
         if self.closed:
             return
@@ -310,7 +328,8 @@ async def events(request_id: UUID) -> AsyncIterator[Event]:
     """Yield the request's relay events from the beginning, then live ones as they come.
 
     The caller stops iterating when it has what it needs; a cancelled task (a client that
-    went away) leaves the hub on the way out. A lost Redis connection raises RedisError.
+    went away) leaves the hub on the way out. A lost Redis connection raises RedisError, a
+    lost database DatabaseLost.
     """
     hub = _hub()
     key = relay_key(request_id)
@@ -322,7 +341,7 @@ async def events(request_id: UUID) -> AsyncIterator[Event]:
             yield event
         while True:
             item = await follower.queue.get()
-            if isinstance(item, redis.exceptions.RedisError):
+            if isinstance(item, Exception):
                 raise item
             if _order(item.id) <= last:
                 continue  # read with the backlog already

@@ -7,7 +7,7 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
-from tests.live import live_stack, private_redis  # noqa: F401
+from tests.live import live_stack, private_postgres, private_redis  # noqa: F401
 from workers.models import ANONYMOUS_API_KEY, ANONYMOUS_NAME, Account, hash_api_key
 from workers.services import create_account
 

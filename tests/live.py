@@ -7,6 +7,7 @@ chat worker speaking the horde worker routes over HTTP; `Background` runs a call
 """
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -185,19 +186,118 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         server.kill()
 
 
+def _postgres_bin(name: str) -> str:
+    """A program of the machine's newest PostgreSQL (Debian keeps them out of PATH)."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+    return str(found[-1]) if found else name
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of a test's own (initdb and pg_ctl, in a temp dir, on a free port),
+    migrated, that the test may stop (`-m immediate`, as a crash) and start again without
+    touching the shared server. Run as the postgres user when the tests run as root."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        # Not under pytest's tmp_path: its parents are closed to the postgres user.
+        self.workdir = Path(tempfile.mkdtemp(prefix="hordeops-pg-"))
+        self.data = self.workdir / "data"
+        self._as = []
+        if os.geteuid() == 0:
+            os.chown(self.workdir, *_postgres_ids())
+            self._as = ["runuser", "-u", "postgres", "--"]
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/hordeops"
+
+    def _run(self, *command: str) -> None:
+        subprocess.run(
+            [*self._as, *command], check=True, capture_output=True, timeout=STARTUP_TIMEOUT_SECONDS
+        )
+
+    def create(self) -> None:
+        self._run(_postgres_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                  "--no-sync", "-E", "UTF8")  # fmt: skip
+        self.start()
+        self.sql("CREATE DATABASE hordeops", database="postgres")
+        self.manage("migrate", "-v0")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(_postgres_bin("pg_ctl"), "-D", str(self.data), "-o", options,
+                  "-l", str(self.workdir / "log"), "-w", "start")  # fmt: skip
+
+    def stop(self, mode: str = "immediate") -> None:
+        """`-m immediate`: every backend killed at once, no checkpoint, as a crash."""
+        self._run(_postgres_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def manage(self, *args: str) -> str:
+        """Run manage.py against this cluster; its output."""
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": self.url},
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=STARTUP_TIMEOUT_SECONDS,
+        )
+        return done.stdout
+
+    def create_account(self, name: str) -> str:
+        """A new account's API key (`manage.py create_account` prints it last)."""
+        return self.manage("create_account", name).split()[-1]
+
+    def sql(self, statement: str, params: tuple = (), *, database: str = "hordeops") -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=database,
+                             autocommit=True) as conn:  # fmt: skip
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+
+def _postgres_ids() -> tuple[int, int]:
+    import pwd
+
+    entry = pwd.getpwnam("postgres")
+    return entry.pw_uid, entry.pw_gid
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    server = PrivatePostgres()
+    try:
+        server.create()
+        yield server
+    finally:
+        try:
+            server.stop()
+        except subprocess.CalledProcessError:
+            pass  # stopped by the test already, or never started
+        shutil.rmtree(server.workdir, ignore_errors=True)
+
+
 @pytest.fixture
 def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveStack]:
     """N uvicorn processes (2 unless parametrized indirectly) on the test database and Redis
-    (the test's own redis-server when it asks for `private_redis` too)."""
+    (the test's own redis-server or PostgreSQL cluster when it asks for `private_redis` or
+    `private_postgres` too)."""
     count = getattr(request, "param", 2)
     redis_url = (
         request.getfixturevalue("private_redis").url
         if "private_redis" in request.fixturenames
         else settings.REDIS_URL
     )
+    database = (
+        request.getfixturevalue("private_postgres").url
+        if "private_postgres" in request.fixturenames
+        else database_url()
+    )
     env = {
         **os.environ,
-        "DATABASE_URL": database_url(),
+        "DATABASE_URL": database,
         "REDIS_URL": redis_url,
         "PYTHONUNBUFFERED": "1",
         # Every test client is 127.0.0.1: no rate limits (tests/hordeops/test_rate_limits.py).

@@ -10,7 +10,7 @@ unless given. One module per thing the flow does:
 - `posts`: what progress and submit share (whose generation, why refused)
 """
 
-from jobs.services.endings import cancel_request
+from jobs.services.endings import cancel_deferred, cancel_request, defer_cancellations
 from jobs.services.pop import EmptyPop, PoppedJob, pop_generation, pop_params
 from jobs.services.progress import ProgressResult, record_progress
 from jobs.services.requests import (
@@ -30,7 +30,9 @@ __all__ = [
     "ProgressResult",
     "StalePassResult",
     "abort_stale_generations",
+    "cancel_deferred",
     "cancel_request",
+    "defer_cancellations",
     "commit_stream",
     "create_chat_request",
     "create_text_request",

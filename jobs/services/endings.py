@@ -11,6 +11,7 @@ from uuid import UUID
 import redis.exceptions
 from django.conf import settings
 from django.db import connection, transaction
+from django_redis import get_redis_connection
 
 from hordeops import clock, errors, metrics
 from jobs import leases, relay, sql
@@ -42,6 +43,48 @@ def cancel_request(
             # Robust: with Redis down the cancellation still commits; the leases then expire.
             transaction.on_commit(lambda: _end_streams(failures, running), robust=True)
     return request
+
+
+# Cancellations the database could not take when they were made (it was down), by request
+# id: every web process records its own here, and the stale pass makes them all.
+DEFERRED_KEY = "hordeops:deferred-cancellations"
+
+
+def defer_cancellations(*, reasons: dict[UUID, str]) -> None:
+    """Record cancellations for `cancel_deferred`, where any process (the stale pass) finds them."""
+    if reasons:
+        _redis().hset(
+            DEFERRED_KEY, mapping={str(request_id): reason for request_id, reason in reasons.items()}
+        )
+
+
+def cancel_deferred(*, pending: dict[UUID, str] | None = None, now: datetime | None = None) -> list[UUID]:
+    """Make the cancellations that waited for the database: those recorded in Redis and
+    `pending` (a process's own, which Redis may not hold if it was down too). Returns the
+    requests dealt with. Raises DatabaseError while the database is still away."""
+    reasons = dict(pending or {})
+    try:
+        stored = _redis().hgetall(DEFERRED_KEY)
+    except redis.exceptions.RedisError:
+        stored = {}
+    reasons.update({UUID(key.decode()): value.decode() for key, value in stored.items()})
+    for request_id, reason in reasons.items():
+        try:
+            cancel_request(request_id=request_id, reason=reason, now=now)
+        except errors.RequestNotFound:
+            pass
+    if stored:
+        try:
+            _redis().hdel(DEFERRED_KEY, *stored)
+        except redis.exceptions.RedisError:
+            pass  # made again next time: cancelling a cancelled request changes nothing
+    if reasons:
+        logger.info("made %d cancellations that waited for the database", len(reasons))
+    return list(reasons)
+
+
+def _redis():
+    return get_redis_connection("default")
 
 
 def _cancel_generations(generation_ids: list[UUID], reason: str, now: datetime) -> None:

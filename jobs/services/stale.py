@@ -17,6 +17,7 @@ from jobs.services.endings import (
     _end_streams,
     _relay_restarts,
     _restart_requests,
+    cancel_deferred,
 )
 from workers.services import count_aborts
 
@@ -33,6 +34,7 @@ class StalePassResult:
     aborted: int = 0
     expired_requests: int = 0
     cancelled_by_expiry: int = 0
+    deferred_cancellations: int = 0
     maintenance: list[str] = field(default_factory=list)
 
 
@@ -44,6 +46,9 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
     """
     now = now or clock.now()
     result = StalePassResult()
+    # First the cancellations that waited for the database (it was down when their requesters
+    # left), so that none of their jobs is restarted for nobody.
+    result.deferred_cancellations = len(cancel_deferred(now=now))
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(sql.STALE_PASS_LOCK, [STALE_PASS_LOCK_KEY])
