@@ -234,3 +234,24 @@ def test_the_stale_read_query_lists_exactly_what_the_pass_aborts(requester, owne
     abort_stale_generations(now=now)
     assert Generation.objects.get(pk=first).state == Generation.State.ABORTED
     assert Generation.objects.get(pk=second).state == Generation.State.PROCESSING
+
+
+def test_the_pass_first_makes_the_cancellations_that_waited_for_the_database(requester, owner, clock):
+    from django_redis import get_redis_connection
+
+    from jobs.services import defer_cancellations
+    from jobs.services.endings import DEFERRED_KEY
+
+    request_id, generation_id = _queue_and_pop(requester, owner)
+    # Its requester left while PostgreSQL was down: the web process recorded the cancellation.
+    defer_cancellations(reasons={request_id: "ServiceUnavailable"})
+    clock.shift(151)  # and its lease lapsed meanwhile
+    result = abort_stale_generations()
+    assert (result.deferred_cancellations, result.aborted) == (1, 0)  # cancelled, not restarted
+    request = TextRequest.objects.get(pk=request_id)
+    assert (request.state, request.queued, request.restarts) == ("cancelled", 0, 0)
+    generation = Generation.objects.get(pk=generation_id)
+    assert generation.state == Generation.State.CANCELLED
+    assert generation.settlement_information["reason"] == "ServiceUnavailable"
+    assert not get_redis_connection("default").exists(DEFERRED_KEY)
+    assert abort_stale_generations().deferred_cancellations == 0
