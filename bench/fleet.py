@@ -1,7 +1,7 @@
 """A fault-injection fleet run against the real stack: is any request lost or accepted twice?
 
 Run:  .venv/bin/python bench/fleet.py [--requests 2000] [--worker-processes 5]
-          [--workers-per-process 11] [--requesters 16]
+          [--workers-per-process 11] [--requesters 16] [--outages]
 
 (a few minutes; the JSON report goes to stdout, progress notes to stderr.)
 
@@ -24,6 +24,12 @@ lapse) and started again a little later, under the same worker names. Requesters
 (--requesters threads in two processes) send --requests requests in all: chat completions
 streamed (half with an X-MultiLLM-Deadline-Ms of 20 s), chat completions not streamed, and
 horde text requests polled to the end.
+
+With --outages the run has a redis-server and a PostgreSQL cluster of its own (the tests'
+`PrivateRedis` and `PrivatePostgres`), and after the worker kill it kills Redis (SIGKILL) and
+starts it again, empty, OUTAGE_SECONDS later, then stops PostgreSQL (`pg_ctl -m immediate`)
+and starts it again as long after. The report then counts, per outage, the requests it ended
+(answered 503, or streams ended by an error event) and the streams cut without one (must be 0).
 
 The report, from the database and from the processes' own records: requests sent, and by
 final state (done, faulted, expired, cancelled); `lost`, requests that never reached a final
@@ -72,6 +78,11 @@ SETTINGS = {
     "ADDRESS_RATE_PER_SECOND": "0",
 }
 BEHAVIOURS = ("fast", "fast", "slow", "plain", "plain", "staller", "retrier")
+# --outages: how long each part stays down, and the pause between the faults.
+OUTAGE_SECONDS = 5
+BETWEEN_FAULTS_SECONDS = 15
+# A request whose end came this soon after its part came back is still the outage's.
+OUTAGE_GRACE_SECONDS = 10
 POP_IDLE_SECONDS = 0.3
 
 
@@ -427,6 +438,62 @@ def _report(requests_sent: list[dict], worker_records: list[dict], elapsed: floa
     }
 
 
+def _unsettled(TextRequest, Generation) -> bool:
+    """Whether any request or generation is still open (True while the database is away)."""
+    from django.db import DatabaseError
+
+    try:
+        return (
+            TextRequest.objects.filter(state=TextRequest.State.ACTIVE).exists()
+            or Generation.objects.processing().exists()
+        )
+    except DatabaseError:
+        return True
+
+
+def _outage_report(outages: list[dict], requests_sent: list[dict]) -> list[dict]:
+    """Per outage: the requests that ended in it, and how."""
+    report = []
+    for outage in outages:
+        ended = [
+            r
+            for r in requests_sent
+            if outage["down_at"] <= r["ended_at"] <= outage["up_at"] + OUTAGE_GRACE_SECONDS
+            and r["sent_at"] <= outage["up_at"]
+        ]
+        report.append(
+            {
+                "part": outage["part"],
+                "down_s": round(outage["up_at"] - outage["down_at"], 1),
+                "requests_ended_in_it": len(ended),
+                "answered_503": sum(1 for r in ended if r.get("status") == 503),
+                "streams_ended_by_error_event": sum(1 for r in ended if r.get("final") == "error"),
+                "streams_cut_without_event": sum(1 for r in ended if r.get("final") == "ended"),
+                "transport_errors": sum(1 for r in ended if "error" in r),
+                "finished_anyway": sum(1 for r in ended if r.get("final") in ("done", "finished")),
+            }
+        )
+    return report
+
+
+def _outages(redis, postgres) -> list[dict]:
+    """Kill Redis, bring it back; later stop PostgreSQL, bring it back. Returns their times."""
+    outages = []
+    for part, down, up in (
+        ("redis", redis.kill, redis.start),
+        ("postgresql", postgres.stop, postgres.start),
+    ):
+        time.sleep(BETWEEN_FAULTS_SECONDS)
+        down_at = time.time()
+        down()
+        _note(f"{part} down")
+        time.sleep(OUTAGE_SECONDS)
+        up()
+        outages.append({"part": part, "down_at": down_at, "up_at": time.time()})
+        _note(f"{part} back")
+    return outages
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -434,13 +501,23 @@ def main() -> None:
     parser.add_argument("--workers-per-process", type=int, default=11)
     parser.add_argument("--requesters", type=int, default=32)
     parser.add_argument("--max-seconds", type=int, default=900)
+    parser.add_argument("--outages", action="store_true", help="kill Redis, then PostgreSQL, mid-run")
     args = parser.parse_args()
 
-    keys = _prepare()
     rundir = Path(tempfile.mkdtemp(prefix="hordeops-fleet-"))
+    overrides, servers = {}, None
+    if args.outages:
+        from tests.live import PrivatePostgres, PrivateRedis
+
+        servers = PrivateRedis(rundir), PrivatePostgres()
+        servers[0].start()
+        servers[1].create()
+        overrides = {"REDIS_URL": servers[0].url, "DATABASE_URL": servers[1].url}
+        _note(f"own Redis at {servers[0].url}, own PostgreSQL at {servers[1].url}")
+    keys = _prepare(overrides)
     port = 18000 + random.randint(0, 999)
     base = f"http://127.0.0.1:{port}"
-    stack = _start_stack(port, rundir)
+    stack = _start_stack(port, rundir, overrides)
     _note(f"stack up on {base}, logs in {rundir}")
     context = multiprocessing.get_context("spawn")
     started = time.time()
@@ -477,6 +554,7 @@ def main() -> None:
     )
     workers["again"].start()
     _note("worker process restarted")
+    outages = _outages(*servers) if servers else []
     for process, _ in requesters:
         process.join(timeout=max(1, stop - time.time()))
     elapsed = time.time() - started
@@ -485,10 +563,7 @@ def main() -> None:
     deadline = time.time() + 60
     from jobs.models import Generation, TextRequest
 
-    while time.time() < deadline and (
-        TextRequest.objects.filter(state=TextRequest.State.ACTIVE).exists()
-        or Generation.objects.processing().exists()
-    ):
+    while time.time() < deadline and _unsettled(TextRequest, Generation):
         time.sleep(1)
     for process in workers.values():
         if process.is_alive():
@@ -499,10 +574,18 @@ def main() -> None:
     for _, path in requesters:
         requests_sent += json.loads(Path(path).read_text())
     report = _report(requests_sent, worker_records, elapsed)
+    if outages:
+        report["outages"] = _outage_report(outages, requests_sent)
     for process in stack:
         process.terminate()
     for process in stack:
         process.wait(timeout=30)
+    if servers:
+        from django.db import connections
+
+        connections.close_all()
+        servers[0].kill()
+        servers[1].stop()
     print(
         json.dumps(
             {

@@ -141,7 +141,9 @@ def database_from_url(url: str) -> dict:
     if parts.scheme not in {"postgres", "postgresql"}:
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
     return {
-        # Django's PostgreSQL backend, its pool's wait bounded per request (hordeops/dbwait.py).
+        # Django's PostgreSQL backend, its pool's wait bounded per request (hordeops/dbwait.py)
+        # and each connection checked as it is handed out, so that after a PostgreSQL restart
+        # no request gets one the restart closed (hordeops/db/base.py).
         "ENGINE": "hordeops.db",
         "NAME": unquote(parts.path.lstrip("/")) or "hordeops",
         "USER": unquote(parts.username or "postgres"),
@@ -151,9 +153,6 @@ def database_from_url(url: str) -> dict:
         # Under ASGI each request's sync code may run on a thread of its own, so persistent
         # per-thread connections would pile up; a process-wide pool reuses them instead.
         "CONN_MAX_AGE": 0,
-        # With a pool, one empty round trip per checkout (psycopg_pool's check_connection):
-        # after a PostgreSQL restart no request is handed a connection the restart closed.
-        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             "connect_timeout": 5,
             # JIT would compile the pop on every call (its cost estimate, inflated by the speed
@@ -170,6 +169,11 @@ def database_from_url(url: str) -> dict:
                 "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20),
                 # hordeops.db passes each wait's own bound; this is the same setting's.
                 "timeout": DATABASE_POOL_WAIT_SECONDS,
+                # A failed connection attempt is retried with a doubling delay for this long,
+                # then dropped, and the next request that needs a connection starts afresh:
+                # without it the pool was still backing off (1, 2, 4, 8 s...) long after
+                # PostgreSQL came back, and answered 503 meanwhile.
+                "reconnect_timeout": DATABASE_POOL_WAIT_SECONDS,
             },
         },
         "TEST": {"NAME": env_str("TEST_DATABASE_NAME", "test_hordeops")},

@@ -156,11 +156,19 @@ def test_the_horde_routes_answer_at_once_while_postgresql_is_down_and_serve_once
         assert (late.status_code, late.json()["rc"]) == (504, "generation_deadline_exceeded")
         assert seconds < 0.5 + 0.4
 
+        # A worker keeps polling through a longer outage (the pool keeps failing to connect).
+        pop = {"name": "pg-worker", "models": [MODEL]}
+        polling_until = time.monotonic() + 8
+        while time.monotonic() < polling_until:
+            assert http.post("/api/v2/generate/text/pop", json=pop).status_code == 503
+            time.sleep(0.5)
+
         private_postgres.start()
-        _eventually(
-            lambda: http.get("/api/v2/status/heartbeat").status_code == 200, "the heartbeat answering"
-        )
+        # Served at once: no connection the restart closed, no reconnection still backing off.
+        assert http.get("/api/v2/status/heartbeat").status_code == 200
         queued = http.post(
             "/api/v2/generate/text/async", json={"prompt": "Once upon a time", "models": [MODEL]}
         )
         assert queued.status_code == 202, queued.text
+        job = http.post("/api/v2/generate/text/pop", json=pop)
+        assert job.status_code == 200 and job.json()["id"], job.text
