@@ -451,3 +451,35 @@ class ChatWorker:
 
     def close(self) -> None:
         self.http.close()
+
+
+def committed_stream_cut(
+    url: str, api_key: str, worker: ChatWorker, path: str, body: dict, fault: Callable[[], None]
+) -> tuple[str, float, str]:
+    """A streamed chat request served by `worker`, which posts "Hello"; once that reached the
+    requester, `fault()` (kill a part of the stack), then the rest of the stream is read.
+    Returns the stream from "Hello" on, the seconds from the fault to the stream's end, and the
+    generation's id."""
+
+    def serve_some() -> str:
+        worker.pop_job()
+        assert worker.progress("Hello").status_code == 200
+        return worker.id
+
+    serving = Background(serve_some)
+    headers = {"Authorization": f"Bearer {api_key}", "anthropic-version": "2023-06-01"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        with http.stream("POST", path, json=body) as response:
+            assert response.status_code == 200
+            received = b""
+            chunks = response.iter_bytes()
+            while b"Hello" not in received:
+                received += next(chunks)
+            generation_id = serving.result()
+            fault()
+            faulted = time.monotonic()
+            for chunk in chunks:
+                received += chunk
+            told_after = time.monotonic() - faulted
+    text = received.decode()
+    return text[text.index("Hello") :], told_after, generation_id

@@ -12,7 +12,7 @@ import pytest
 
 from jobs.models import Generation, TextRequest
 from tests.jobs.test_redis_faults import BODIES, ENDINGS, ERROR_MARKS, MODEL
-from tests.live import Background, ChatWorker
+from tests.live import Background, ChatWorker, committed_stream_cut
 
 WAIT_SECONDS = 30
 # How soon after the stop the requester must be told (the watch asks once a second).
@@ -42,31 +42,11 @@ def test_a_committed_stream_ends_with_an_error_event_when_postgresql_dies(privat
     requester_key = private_postgres.create_account("pg-requester")
     worker = ChatWorker(url, private_postgres.create_account("pg-owner"), name="pg-worker", model=MODEL)
     worker.pop()
-
-    def serve_some() -> str:
-        worker.pop_job()
-        assert worker.progress("Hello").status_code == 200
-        return worker.id
-
-    serving = Background(serve_some)
-    headers = {"Authorization": f"Bearer {requester_key}", "anthropic-version": "2023-06-01"}
-    with httpx.Client(base_url=url, headers=headers, timeout=WAIT_SECONDS) as http:
-        with http.stream("POST", path, json=BODIES[path]) as response:
-            assert response.status_code == 200
-            body = b""
-            chunks = response.iter_bytes()
-            while b"Hello" not in body:
-                body += next(chunks)
-            generation_id = serving.result()
-            private_postgres.stop()
-            stopped = time.monotonic()
-            for chunk in chunks:
-                body += chunk
-            told_after = time.monotonic() - stopped
-    text = body.decode()
-    tail = text[text.index("Hello") :]
-    assert ERROR_MARKS[path] in tail and "lost its database" in tail, text
-    assert not any(ending in tail for ending in ENDINGS), text
+    tail, told_after, generation_id = committed_stream_cut(
+        url, requester_key, worker, path, BODIES[path], private_postgres.stop
+    )
+    assert ERROR_MARKS[path] in tail and "lost its database" in tail, tail
+    assert not any(ending in tail for ending in ENDINGS), tail
     assert told_after < TOLD_WITHIN_SECONDS
 
     private_postgres.start()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from jobs.models import Generation, TextRequest
-from tests.live import Background, ChatWorker
+from tests.live import Background, ChatWorker, committed_stream_cut
 
 MODEL = "koboldcpp/faults-8B"
 WAIT_SECONDS = 20
@@ -42,31 +42,11 @@ def test_a_committed_stream_ends_with_an_error_event_when_redis_dies(
     requester, owner = make_caller("faults-requester"), make_caller("faults-owner")
     worker = ChatWorker(url, owner.api_key, name="faults-worker", model=MODEL)
     worker.pop()
-
-    def serve_some() -> str:
-        worker.pop_job()
-        assert worker.progress("Hello").status_code == 200
-        return worker.id
-
-    serving = Background(serve_some)
-    headers = {"Authorization": f"Bearer {requester.api_key}", "anthropic-version": "2023-06-01"}
-    with httpx.Client(base_url=url, headers=headers, timeout=WAIT_SECONDS) as http:
-        with http.stream("POST", path, json=BODIES[path]) as response:
-            assert response.status_code == 200
-            body = b""
-            chunks = response.iter_bytes()
-            while b"Hello" not in body:
-                body += next(chunks)
-            generation_id = serving.result()
-            private_redis.kill()
-            killed = time.monotonic()
-            for chunk in chunks:
-                body += chunk
-            told_after = time.monotonic() - killed
-    text = body.decode()
-    tail = text[text.index("Hello") :]
-    assert ERROR_MARKS[path] in tail, text
-    assert not any(ending in tail for ending in ENDINGS), text
+    tail, told_after, generation_id = committed_stream_cut(
+        url, requester.api_key, worker, path, BODIES[path], private_redis.kill
+    )
+    assert ERROR_MARKS[path] in tail, tail
+    assert not any(ending in tail for ending in ENDINGS), tail
     assert told_after < TOLD_WITHIN_SECONDS
     generation = Generation.objects.get(pk=generation_id)
     assert generation.state == Generation.State.CANCELLED
@@ -79,6 +59,7 @@ def test_a_committed_stream_ends_with_an_error_event_when_redis_dies(
     after = worker.progress(" more")
     assert (after.status_code, after.json()["rc"]) == (409, "GenerationCancelled")
     serving = Background(lambda: (worker.pop_job(), worker.progress("Fine"), worker.submit("Fine, thanks.")))
+    headers = {"Authorization": f"Bearer {requester.api_key}", "anthropic-version": "2023-06-01"}
     with httpx.Client(base_url=url, headers=headers, timeout=WAIT_SECONDS) as http:
         with http.stream("POST", path, json=BODIES[path]) as response:
             assert response.status_code == 200
