@@ -130,6 +130,42 @@ class TextRequest(models.Model):
         return self.max_length * self.OUTPUT_BYTES_PER_TOKEN + self.OUTPUT_ALLOWANCE_BYTES
 
 
+class QueuedModel(models.Model):
+    """A waiting request under one model it names ('' for a request that names none), in queue
+    order: the pop walks these by index, a model at a time, so that its cost does not grow with
+    requests for models the worker does not serve.
+
+    Kept by the database itself: a trigger on the requests table (migration 0010,
+    `jobs_request_queued_models`) holds exactly the rows of requests that are active with jobs
+    still queued, whichever statement changes them.
+    """
+
+    # Indexed by the unique constraint below, which the trigger's DELETE by request uses.
+    request = models.ForeignKey(TextRequest, on_delete=models.CASCADE, related_name="+", db_index=False)
+    model = models.CharField(max_length=255)
+    # The request's queue order, copied (the trigger keeps them equal).
+    fair_rank = models.PositiveIntegerField()
+    priority = models.IntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                F("model"),
+                F("fair_rank").asc(),
+                F("priority").desc(),
+                F("created_at").asc(),
+                name="queued_model_order",
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "model"], name="queued_model_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.model or '(any model)'}"
+
+
 class GenerationQuerySet(models.QuerySet["Generation"]):
     def processing(self) -> "GenerationQuerySet":
         return self.filter(state=Generation.State.PROCESSING)

@@ -13,11 +13,12 @@ from functools import cache
 
 from hordeops.rows import columns
 from jobs import eligibility
-from jobs.models import Generation, TextRequest, lease_end_sql
+from jobs.models import Generation, QueuedModel, TextRequest, lease_end_sql
 from workers.capacity import ONLINE_SQL
 from workers.models import Account, Worker
 
 REQUESTS, GENERATIONS = TextRequest._meta.db_table, Generation._meta.db_table
+QUEUED_MODELS = QueuedModel._meta.db_table
 WORKERS, ACCOUNTS = Worker._meta.db_table, Account._meta.db_table
 
 # Request states and generation states, as the statements write them.
@@ -66,26 +67,35 @@ def pop() -> str:
     """The best request this worker may be offered now, locked; with its tier for it.
 
     Queue order is fair across accounts, then priority, then age (`fair_rank`: an account's
-    waiting or running requests when the request was queued), on the partial index
-    `request_pop_queue`; SKIP LOCKED
-    lets concurrent pops pass each other's rows instead of waiting or taking one twice.
+    waiting or running requests when the request was queued). The walk reaches only requests
+    that name one of the worker's models, or none: for each of its models, and for '', it
+    walks that model's rows of `jobs_queuedmodel` in queue order on the index
+    `queued_model_order` to the first request it may be offered, locked with SKIP LOCKED (so
+    that concurrent pops pass each other's rows instead of waiting or taking one twice); the
+    best of those few is the one. A request that names several of the worker's models is met
+    once per model, and is the same row. The rows the others locked are freed with the
+    statement's transaction.
 
     `OR %(plan_hint)s` (always false) is a hint for the generic plan, which does not know
     the worker's values: it would guess that almost no request passes the offer rule, and
-    then read every live request by expiry and sort them (close to a second at 100,000
-    queued) rather than walk the queue index to the first offer (under a millisecond). A
-    condition that may be true makes it guess that many pass, and walk the index. With the
-    value known, as in a custom plan, the hint folds away.
+    then read every row of the model and sort them rather than walk the index to the first
+    offer. A condition that may be true makes it guess that many pass, and walk the index.
+    With the value known, as in a custom plan, the hint folds away.
     """
     return f"""
-        SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
-        FROM {REQUESTS} AS r,{_POPPING_WORKER}
-        WHERE r.state = '{ACTIVE}' AND r.queued > 0
-          AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
-               OR %(plan_hint)s::boolean)
-        ORDER BY r.fair_rank ASC, r.priority DESC, r.created_at ASC
+        SELECT c.* FROM unnest(%(w_served_models)s::varchar[] || ARRAY['']::varchar[]) AS m(model),
+        LATERAL (
+            SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
+            FROM {QUEUED_MODELS} AS q JOIN {REQUESTS} AS r ON r.id = q.request_id,{_POPPING_WORKER}
+            WHERE q.model = m.model AND r.state = '{ACTIVE}' AND r.queued > 0
+              AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
+                   OR %(plan_hint)s::boolean)
+            ORDER BY q.fair_rank ASC, q.priority DESC, q.created_at ASC
+            LIMIT 1
+            FOR UPDATE OF r SKIP LOCKED
+        ) AS c
+        ORDER BY c.fair_rank ASC, c.priority DESC, c.created_at ASC
         LIMIT 1
-        FOR UPDATE OF r SKIP LOCKED
     """
 
 

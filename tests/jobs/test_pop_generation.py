@@ -305,7 +305,7 @@ def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester
     assert rendered["lease"]["expires_at"] == "2026-08-01T12:02:30.123456Z"
 
 
-def test_the_pops_generic_plan_walks_the_queue_index_without_sorting(requester, owner):
+def test_the_pops_generic_plan_walks_each_models_queue_index_without_sorting_the_queue(requester, owner):
     """PostgreSQL keeps a prepared pop's generic plan: it must be the index walk, not a sort."""
     import re
 
@@ -324,6 +324,7 @@ def test_the_pops_generic_plan_walks_the_queue_index_without_sorting(requester, 
             f"SELECT gen_random_uuid(), {', '.join(copied)} FROM jobs_textrequest, generate_series(1, 20000)"
         )
         cursor.execute("ANALYZE jobs_textrequest")
+        cursor.execute("ANALYZE jobs_queuedmodel")
     worker = Worker.objects.get(name="planned")
     params = {
         **pop_params(worker, trusted=False, now=worker.last_pop_at),
@@ -350,8 +351,13 @@ def test_the_pops_generic_plan_walks_the_queue_index_without_sorting(requester, 
             cursor.execute("RESET plan_cache_mode")
     picking = plan.split("CTE taken")[0]
     assert "$1" in picking  # generic: the worker's values are parameters, not constants
-    assert "Index Scan using request_pop_queue" in picking
-    assert "Sort" not in picking
+    # Each of the worker's models (and '') walks its rows on the index, in queue order, to
+    # the first offer: nothing of the queue is read whole or sorted.
+    assert "Index Scan using queued_model_order" in picking
+    assert "Seq Scan on jobs_textrequest" not in picking and "Seq Scan on jobs_queuedmodel" not in picking
+    # The one sort is of the few candidates, one per model, above the walks.
+    sorts = [line for line in picking.splitlines() if "Sort" in line and "Sort Key" not in line]
+    assert len(sorts) == 1 and picking.index(sorts[0]) < picking.index("Function Scan on unnest")
 
 
 def test_a_pop_that_finds_nothing_counts_why_the_waiting_requests_passed_it_over(

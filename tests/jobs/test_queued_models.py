@@ -1,0 +1,78 @@
+"""`jobs_queuedmodel`, the pop's per-model queue: the database keeps exactly one row per model
+of every request that is active with jobs queued ('' for one that names no model), whichever
+statement queues, claims, restarts, cancels, expires or faults it."""
+
+import pytest
+
+from jobs.models import QueuedModel, TextRequest
+from jobs.services import abort_stale_generations, cancel_request, create_chat_request
+
+T0 = "2026-03-01 12:00:00+00:00"
+
+
+@pytest.fixture
+def clock(time_machine):
+    time_machine.move_to(T0, tick=False)
+    return time_machine
+
+
+def expected() -> set[tuple[str, str]]:
+    return {
+        (str(r.id), model)
+        for r in TextRequest.objects.filter(state=TextRequest.State.ACTIVE, queued__gt=0)
+        for model in (r.requested_models or [""])
+    }
+
+
+def kept() -> set[tuple[str, str]]:
+    rows = set(QueuedModel.objects.values_list("request_id", "model"))
+    return {(str(request_id), model) for request_id, model in rows}
+
+
+def test_each_queued_request_has_a_row_per_model_and_loses_them_when_its_jobs_are_all_taken(requester, owner):
+    owner.pop("w", models=["m1", "m2"])
+    two = requester.request_text(models=["m1", "m2", "m1"], params={"n": 2, "max_length": 80}).json()["id"]
+    anything = requester.request_text(models=[]).json()["id"]
+    assert kept() == expected() == {(two, "m1"), (two, "m2"), (anything, "")}
+    owner.pop("w", models=["m1", "m2"])  # one of the two jobs: still queued
+    assert (two, "m1") in kept() and kept() == expected()
+    owner.pop("w", models=["m1", "m2"])  # the second: no longer queued
+    assert kept() == expected() == {(anything, "")}
+    row = QueuedModel.objects.get(request_id=anything)
+    request = TextRequest.objects.get(pk=anything)
+    assert (row.fair_rank, row.priority) == (request.fair_rank, request.priority)
+    assert row.created_at == request.created_at
+
+
+def test_a_restarted_job_brings_its_rows_back_and_an_ending_takes_them_away(requester, owner, clock):
+    owner.pop("w")
+    request_id = requester.request_text(models=["m1"]).json()["id"]
+    owner.pop("w")
+    assert kept() == expected() == set()
+    clock.shift(151)  # the lease lapsed: the pass restarts the job
+    assert abort_stale_generations().aborted == 1
+    assert kept() == expected() == {(request_id, "m1")}
+    cancel_request(request_id=request_id)
+    assert kept() == expected() == set()
+
+
+def test_expired_and_faulted_requests_have_no_rows(requester, owner, clock, settings):
+    settings.TEXT_REQUEST_MAX_RESTARTS = 1
+    owner.pop("w", models=["m1", "chat-model"], chat=True, max_length=4096, max_context_length=8192)
+    assert requester.request_text(models=["m1"]).status_code == 202
+    create_chat_request(
+        account=requester.account,
+        model="chat-model",
+        messages=[{"role": "user", "content": "hi"}],
+        max_length=100,
+        params={},
+    )
+    assert len(kept()) == 2
+    owner.pop("w", models=["m1", "chat-model"], chat=True, max_length=4096, max_context_length=8192)
+    clock.shift(151)
+    abort_stale_generations()  # the popped one is past its one restart: faulted
+    assert TextRequest.objects.filter(state=TextRequest.State.FAULTED).count() == 1
+    assert kept() == expected() and len(kept()) == 1
+    clock.shift(1200)  # past the lifetime: the pass expires what waits
+    abort_stale_generations()
+    assert kept() == expected() == set()
