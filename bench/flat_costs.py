@@ -79,7 +79,8 @@ def _fill(queued: int, workers: int, now) -> None:
             bridge_agent="bench:1:flat_costs",
             created_at=now - timedelta(days=1),
             last_pop_at=now - timedelta(seconds=rng.uniform(0, 120)),
-            speed=round(rng.uniform(20, 80), 2),  # every one fast enough for any request: tier 1
+            # The long-reply workers are fast: 80 tokens/s x 120 s covers the long requests.
+            speed=80.0 if i % 10 == 0 else round(rng.uniform(20, 80), 2),
         )
         for i in range(workers)
     )
@@ -102,7 +103,7 @@ def _fill(queued: int, workers: int, now) -> None:
             {"account": requester.pk, "now": now, "models": models},
         )
     # The newest request: the only one for its model. The long ones, at the tail.
-    for model, length in ((LONG, 16000), (LONG, 16000), (NEWEST, 256)):
+    for model, length in ((LONG, 4000), (LONG, 4000), (NEWEST, 256)):
         TextRequest.objects.create(
             account=requester,
             kind=TextRequest.Kind.CHAT,
