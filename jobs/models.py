@@ -32,14 +32,6 @@ class TextRequestQuerySet(models.QuerySet["TextRequest"]):
         """Requests with work still to hand out; matches the `request_pop_queue` index."""
         return self.filter(state=TextRequest.State.ACTIVE, queued__gt=0)
 
-    def ahead_of(self, request: "TextRequest") -> "TextRequestQuerySet":
-        """Queued requests before this one in the pop's order (fair rank, priority, age)."""
-        return self.queued().filter(
-            Q(fair_rank__lt=request.fair_rank)
-            | Q(fair_rank=request.fair_rank, priority__gt=request.priority)
-            | Q(fair_rank=request.fair_rank, priority=request.priority, created_at__lt=request.created_at)
-        )
-
 
 class TextRequest(models.Model):
     """A requester's text or chat request: `n` generations wanted of one prompt."""
@@ -96,6 +88,15 @@ class TextRequest(models.Model):
                 F("priority").desc(),
                 F("created_at").asc(),
                 name="request_pop_queue",
+                condition=Q(state="active", queued__gt=0),
+            ),
+            # The same order with every key ascending, so that a row comparison is one index
+            # range: the status counts the requests between two places in the queue on it.
+            models.Index(
+                F("fair_rank"),
+                F("priority") * -1,
+                F("created_at"),
+                name="request_queue_position",
                 condition=Q(state="active", queued__gt=0),
             ),
             models.Index(fields=["expires_at"], name="request_active_expiry", condition=Q(state="active")),

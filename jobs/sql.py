@@ -326,6 +326,40 @@ def eligible_workers() -> str:
     )
 
 
+# A waiting request's place in the queue, with every key ascending as `request_queue_position`
+# indexes it, so that a row comparison on it is one index range.
+_QUEUE_PLACE = "(r.fair_rank, (r.priority * -1), r.created_at)"
+_QUEUED = f"r.state = '{ACTIVE}' AND r.queued > 0"
+
+
+@cache
+def queue_markers() -> str:
+    """The place of every `every`-th waiting request, in queue order: one walk of the index."""
+    return f"""
+        SELECT s.fair_rank, s.negated_priority, s.created_at FROM (
+            SELECT r.fair_rank, (r.priority * -1) AS negated_priority, r.created_at,
+                   row_number() OVER (ORDER BY {_QUEUE_PLACE}) AS n
+            FROM {REQUESTS} AS r WHERE {_QUEUED}
+        ) AS s
+        WHERE s.n %% %(every)s = 0
+        ORDER BY s.n
+        """
+
+
+@cache
+def queued_between() -> str:
+    """Waiting requests after the place `after` (or from the head, when it is NULL) and before
+    request `request`'s own place: an index range of `request_queue_position`."""
+    return f"""
+        SELECT count(*) FROM {REQUESTS} AS r, {REQUESTS} AS t
+        WHERE t.id = %(request)s AND {_QUEUED}
+          AND {_QUEUE_PLACE} < (t.fair_rank, (t.priority * -1), t.created_at)
+          AND (%(after_rank)s::integer IS NULL
+               OR {_QUEUE_PLACE} > (%(after_rank)s::integer, %(after_priority)s::integer,
+                                    %(after_created)s::timestamptz))
+        """
+
+
 # -- The discovery routes (cached by their callers) ---------------------------------------------
 
 

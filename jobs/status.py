@@ -1,10 +1,12 @@
 """The horde status of a request, as `GET /api/v2/generate/text/status/{id}` answers it."""
 
+import bisect
 import math
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import Avg, Sum
 
@@ -23,6 +25,46 @@ def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
         cursor.execute(sql.eligible_workers(), {**eligibility.params(now), "request": request_id})
         workers, threads, capable, speed = cursor.fetchone()
     return {"workers": workers, "threads": threads, "capable": capable, "speed": speed}
+
+
+# queue_position: the place of every POSITION_MARKER_EVERY-th waiting request, read in one walk
+# of the queue at most every POSITION_MARKERS_SECONDS (cached in Redis for every process), and
+# an exact count from the last of those before the request. Exact while the queue is shorter
+# than one step; beyond, off by what the queue did since the markers were read, as the AI
+# Horde's own position is computed from a list it refreshes.
+POSITION_MARKER_EVERY = 1000
+POSITION_MARKERS_SECONDS = 2
+POSITION_MARKERS_KEY = "hordeops:queue-position-markers"
+
+
+def _position_markers() -> list[tuple]:
+    markers = cache.get(POSITION_MARKERS_KEY)
+    if markers is None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.queue_markers(), {"every": POSITION_MARKER_EVERY})
+            markers = cursor.fetchall()
+        cache.set(POSITION_MARKERS_KEY, markers, POSITION_MARKERS_SECONDS)
+    return markers
+
+
+def queue_position_of(request: TextRequest) -> int:
+    """The request's place in the queue, 1 for the next to be served (see the markers above);
+    its cost is a count of at most about POSITION_MARKER_EVERY index entries."""
+    markers = _position_markers()
+    passed = bisect.bisect_left(markers, (request.fair_rank, -request.priority, request.created_at))
+    after = markers[passed - 1] if passed else (None, None, None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.queued_between(),
+            {
+                "request": request.pk,
+                "after_rank": after[0],
+                "after_priority": after[1],
+                "after_created": after[2],
+            },
+        )
+        (between,) = cursor.fetchone()
+    return passed * POSITION_MARKER_EVERY + between + 1
 
 
 def _wait_time(request: TextRequest, *, ahead: int, eligible: dict[str, Any], now: datetime) -> int:
@@ -50,9 +92,8 @@ def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
     queue_position = 0
     wait_time = 0
     if request.state == TextRequest.State.ACTIVE and request.queued:
-        ahead = TextRequest.objects.ahead_of(request).count()
-        queue_position = ahead + 1  # the AI Horde's: first in the queue is 1, 0 is not queued
-        wait_time = _wait_time(request, ahead=ahead, eligible=eligible, now=now)
+        queue_position = queue_position_of(request)  # the AI Horde's: first is 1, 0 is not queued
+        wait_time = _wait_time(request, ahead=queue_position - 1, eligible=eligible, now=now)
     return {
         "finished": request.finished,
         "processing": processing,

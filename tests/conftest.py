@@ -23,11 +23,11 @@ def _empty_test_redis() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_cached_discovery() -> None:
-    # The discovery routes cache their answers for seconds (jobs/discovery.py): each test
-    # starts without another's.
-    from jobs import discovery
+    # The discovery routes and the queue position cache for seconds (jobs/discovery.py,
+    # jobs/status.py): each test starts without another's.
+    from jobs import discovery, status
 
-    cache.delete_many(discovery.CACHE_KEYS)
+    cache.delete_many([*discovery.CACHE_KEYS, status.POSITION_MARKERS_KEY])
 
 
 @pytest.fixture(autouse=True)

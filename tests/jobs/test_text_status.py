@@ -29,3 +29,55 @@ def test_the_wait_time_comes_from_the_eligible_workers_speed_or_else_the_fleets(
 def test_with_no_worker_online_the_wait_is_the_queued_tokens_at_one_a_second(requester):
     request_id = requester.request_text(models=["nobody"], params={"max_length": 64}).json()["id"]
     assert requester.status(request_id).json()["wait_time"] == 64
+
+
+def test_past_the_markers_the_position_counts_from_the_last_one_before_the_request(
+    requester, owner, monkeypatch
+):
+    from jobs import status
+
+    monkeypatch.setattr(status, "POSITION_MARKER_EVERY", 3)
+    owner.pop("w", models=["m1"])
+    ids = [requester.request_text(models=["m1"]).json()["id"] for _ in range(10)]
+    assert [requester.status(i).json()["queue_position"] for i in ids] == list(range(1, 11))
+    assert len(status._position_markers()) == 3  # the 3rd, 6th and 9th
+    owner.pop("w", models=["m1"])
+    owner.pop("w", models=["m1"])
+    # Read from the markers of before the two pops: off by at most what the queue did since.
+    later = [requester.status(i).json()["queue_position"] for i in ids[2:]]
+    assert all(0 <= p - exact <= 2 for p, exact in zip(later, range(1, 9), strict=True)), later
+    from django.core.cache import cache
+
+    cache.delete(status.POSITION_MARKERS_KEY)  # as when they expire, 2 s later
+    assert [requester.status(i).json()["queue_position"] for i in ids[2:]] == list(range(1, 9))
+
+
+def test_the_position_is_counted_on_an_index_range_of_a_long_queue(requester, owner):
+    from django.db import connection
+
+    from jobs import sql
+    from jobs.models import TextRequest
+
+    owner.pop("w", models=["m1"])
+    assert requester.request_text(models=["m1"]).status_code == 202
+    copied = [field.column for field in TextRequest._meta.concrete_fields if field.column != "id"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO jobs_textrequest (id, {', '.join(copied)}) "
+            f"SELECT gen_random_uuid(), {', '.join(copied)} FROM jobs_textrequest, generate_series(1, 20000)"
+        )
+        cursor.execute("ANALYZE jobs_textrequest")
+        newest = TextRequest.objects.order_by("-created_at", "-id").first()
+        marker = TextRequest.objects.order_by("created_at", "id")[15000]
+        cursor.execute(
+            "EXPLAIN " + sql.queued_between(),
+            {
+                "request": newest.pk,
+                "after_rank": marker.fair_rank,
+                "after_priority": -marker.priority,
+                "after_created": marker.created_at,
+            },
+        )
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "using request_queue_position" in plan, plan
+    assert "Seq Scan on jobs_textrequest" not in plan, plan
