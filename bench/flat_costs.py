@@ -201,7 +201,7 @@ def _measure(queued: int, workers: int, samples: int):
     assert found == {"head": True, "miss": False, "newest": True, "fallback": False}, found
     size = {name: _timed(lambda w=worker: _pop_query(w, now), samples) for name, worker in cases.items()}
     size["status"] = _timed(lambda: request_status(newest, now=now), samples)
-    size["eligible"] = _timed(lambda: eligible_workers(newest.pk, now=now), samples)
+    size["eligible"] = _timed(lambda: eligible_workers(newest, now=now), samples)
     return size, cases, now
 
 

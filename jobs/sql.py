@@ -314,15 +314,20 @@ def abort_lapsed() -> str:
 
 
 @cache
-def eligible_workers() -> str:
+def eligible_workers(*, names_models: bool) -> str:
     """Online workers the pop would offer request `request` to now: count, threads, tier 1s
-    and their mean speed (`jobs.eligibility.params` and `request`)."""
+    and their mean speed (`jobs.eligibility.params` and `request`).
+
+    For a request that names models, the workers that serve one of them are found on the GIN
+    index `worker_models_gin` (the overlap, which the offer rule checks too, written where the
+    planner can use the index), so that the cost follows them, not the whole fleet."""
+    serving = " AND w.served_models && r.requested_models" if names_models else ""
     return (
         f"SELECT count(*), coalesce(sum(w.threads), 0),"
         f" count(*) FILTER (WHERE {eligibility.tier_sql('r', 'w', 'wa')} = 1), avg(w.speed)"
         f" FROM {REQUESTS} AS r,"
         f" {WORKERS} AS w JOIN {ACCOUNTS} AS wa ON wa.id = w.account_id"
-        f" WHERE r.id = %(request)s AND {ONLINE_SQL.format(w='w')} AND {eligibility.offer_sql()}"
+        f" WHERE r.id = %(request)s{serving} AND {ONLINE_SQL.format(w='w')} AND {eligibility.offer_sql()}"
     )
 
 

@@ -15,14 +15,15 @@ from jobs.models import Generation, TextRequest
 from workers.models import Worker
 
 
-def eligible_workers(request_id, *, now: datetime) -> dict[str, Any]:
+def eligible_workers(request: TextRequest, *, now: datetime) -> dict[str, Any]:
     """Online workers the pop would offer this request to now: count, threads, and more.
 
     `capable` counts those of tier 1: when it is 0 but `workers` is not, only over-capacity
     workers could take the request (the status route's `might_stall`).
     """
+    statement = sql.eligible_workers(names_models=bool(request.requested_models))
     with connection.cursor() as cursor:
-        cursor.execute(sql.eligible_workers(), {**eligibility.params(now), "request": request_id})
+        cursor.execute(statement, {**eligibility.params(now), "request": request.pk})
         workers, threads, capable, speed = cursor.fetchone()
     return {"workers": workers, "threads": threads, "capable": capable, "speed": speed}
 
@@ -86,7 +87,7 @@ def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
         .select_related("worker")
         .order_by("finished_at")
     )
-    eligible = eligible_workers(request.pk, now=now)
+    eligible = eligible_workers(request, now=now)
     workers = eligible["workers"]
     threads = eligible["threads"]
     queue_position = 0

@@ -98,7 +98,7 @@ def create_text_request(
         n=n,
         queued=n,
     )
-    warning = None if eligible_workers(request.pk, now=now)["workers"] else NO_WORKER_WARNING
+    warning = None if eligible_workers(request, now=now)["workers"] else NO_WORKER_WARNING
     return QueuedText(request=request, kudos=kudos, warning=warning)
 
 

@@ -181,7 +181,7 @@ def check_agreement(accounts: list[bool], fleet: list[WorkerSpec], spec: Request
 
     # The status side counts exactly the online workers the pop offers the request to.
     counted = [i for i in offered if online(fleet[i])]
-    eligible = eligible_workers(request.pk, now=NOW)
+    eligible = eligible_workers(request, now=NOW)
     assert eligible["workers"] == len(counted)
     assert eligible["threads"] == sum(fleet[i].threads for i in counted)
     assert eligible["capable"] == sum(1 for i in counted if offered[i] == 1)
@@ -362,7 +362,7 @@ def offers(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec) -> 
     """Check the agreement, then return the pop's offers by worker index and the counts."""
     workers, request = build(accounts, fleet, spec)
     popped = dict(enumerate(pop_offers(request.pk, [w.pk for w in workers])))
-    eligible = eligible_workers(request.pk, now=NOW)
+    eligible = eligible_workers(request, now=NOW)
     transaction.set_rollback(True)
     assert {i: t for i, t in popped.items() if t} == oracle_offers(spec, fleet, accounts)
     return {"offered": {i: t for i, t in popped.items() if t}, **eligible}

@@ -81,3 +81,26 @@ def test_the_position_is_counted_on_an_index_range_of_a_long_queue(requester, ow
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "using request_queue_position" in plan, plan
     assert "Seq Scan on jobs_textrequest" not in plan, plan
+
+
+def test_the_eligible_workers_of_a_request_naming_models_are_found_on_the_models_index(requester, owner):
+    from django.db import connection
+    from django.utils import timezone
+
+    from jobs import eligibility, sql
+
+    owner.pop("w", models=["m1"])
+    copied = [field.column for field in Worker._meta.concrete_fields if field.column not in ("id", "name")]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO workers_worker (id, name, {', '.join(copied)}) "
+            f"SELECT gen_random_uuid(), 'copy-' || i, {', '.join(copied)} "
+            f"FROM workers_worker, generate_series(1, 2000) AS i"
+        )
+        cursor.execute("UPDATE workers_worker SET served_models = ARRAY['m' || (random() * 200)::int]")
+        cursor.execute("ANALYZE workers_worker")
+        request_id = requester.request_text(models=["m1"]).json()["id"]
+        statement = sql.eligible_workers(names_models=True)
+        cursor.execute("EXPLAIN " + statement, {**eligibility.params(timezone.now()), "request": request_id})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Bitmap Index Scan on worker_models_gin" in plan, plan
