@@ -23,11 +23,12 @@ def _empty_test_redis() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_cached_discovery() -> None:
-    # The discovery routes and the queue position cache for seconds (jobs/discovery.py,
-    # jobs/status.py): each test starts without another's.
+    # The discovery routes, the queue position and the worker list cache for seconds
+    # (jobs/discovery.py, jobs/status.py, workers/details.py): each test starts without another's.
     from jobs import discovery, status
+    from workers import details
 
-    cache.delete_many([*discovery.CACHE_KEYS, status.POSITION_MARKERS_KEY])
+    cache.delete_many([*discovery.CACHE_KEYS, status.POSITION_MARKERS_KEY, details.ONLINE_LIST_KEY])
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from hordeops.serializers import (
     StrictCharField,
 )
 from workers import services
-from workers.details import TEXT, user_details, worker_details
+from workers.details import TEXT, online_workers, privileged_details, user_details, worker_details
 from workers.models import Account, Worker
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
@@ -100,12 +100,21 @@ class WorkersView(APIView):
         if kind not in (TEXT, "all"):
             return Response([])
         now = clock.now()
-        workers = Worker.objects.online(now).select_related("account").order_by("name")
-        if "name" in request.query_params:
-            workers = workers.filter(name=request.query_params["name"])
         caller = _caller(request)
+        name = request.query_params.get("name")
+        if caller is not None and caller.moderator:  # sees every worker's private details
+            workers = Worker.objects.online(now).select_related("account").order_by("name")
+            if name is not None:
+                workers = workers.filter(name=name)
+            return Response([worker_details(w, now=now, privileged=True) for w in workers])
+        # Everyone else reads the cached list; an owner sees its own workers' details too.
+        own = privileged_details(caller) if caller is not None else {}
         return Response(
-            [worker_details(w, now=now, privileged=_may_see(caller, w.account_id)) for w in workers]
+            [
+                {**details, **own} if caller is not None and account_id == caller.pk else details
+                for account_id, details in online_workers(now=now)
+                if name is None or details["name"] == name
+            ]
         )
 
 

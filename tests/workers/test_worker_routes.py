@@ -116,3 +116,32 @@ def test_a_worker_takes_a_note_and_a_free_name_and_refuses_what_hordeops_does_no
     assert (put({"paused": True}).status_code, put({"paused": True}).json()["rc"]) == (403, "NotModerator")
     assert put({"name": "abc"}).json()["rc"] == "ValidationError"  # at least 5 characters
     assert put({"maintenance": "yes"}).json()["rc"] == "ValidationError"
+
+
+def test_the_workers_list_is_rendered_once_for_every_caller_and_owners_see_their_own(
+    requester, owner, make_caller
+):
+    from django.core.cache import cache
+
+    from workers.details import ONLINE_LIST_KEY
+
+    other = make_caller("other-owner")
+    owner.pop("mine", models=["m1"])
+    other.pop("theirs", models=["m1"])
+    seen = {w["name"]: w for w in owner.client.get("/api/v2/workers", HTTP_APIKEY=owner.api_key).json()}
+    assert seen["mine"]["owner"] == f"owner#{owner.account.id}"
+    assert "owner" not in seen["theirs"]
+    assert all("owner" not in w for w in requester.client.get("/api/v2/workers").json())
+    # Cached for every caller (ONLINE_LIST_SECONDS): a change shows once the list is read again.
+    Worker.objects.filter(name="mine").update(threads=7)
+    assert {w["name"]: w["threads"] for w in requester.client.get("/api/v2/workers").json()}["mine"] == 1
+    cache.delete(ONLINE_LIST_KEY)
+    assert {w["name"]: w["threads"] for w in requester.client.get("/api/v2/workers").json()}["mine"] == 7
+
+
+def test_a_horde_moderator_sees_every_workers_private_details_in_the_list(owner, make_caller):
+    moderator = make_caller("horde-moderator")
+    Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
+    owner.pop("watched", models=["m1"])
+    [listed] = moderator.client.get("/api/v2/workers", HTTP_APIKEY=moderator.api_key).json()
+    assert listed["owner"] == f"owner#{owner.account.id}"
