@@ -84,12 +84,13 @@ def wait_for_heartbeat(port: int, *, timeout: float = 60) -> bool:
 
 
 def start_web(port: int, web_workers: int, env: dict[str, str], *, log=None) -> subprocess.Popen:
-    """gunicorn with `web_workers` uvicorn workers on `port`, as `bin/stack` runs it (no proxy
-    trusted: every client is its peer), once its heartbeat answers."""
+    """gunicorn with `web_workers` uvicorn workers on `port`, as `bin/stack` runs it (`bin/web`:
+    no proxy trusted, every client is its peer; idle connections kept 75 s), once its heartbeat
+    answers."""
     server = subprocess.Popen(
         [str(VENV / "gunicorn"), "hordeops.asgi:application", "-k", "uvicorn.workers.UvicornWorker",
          "-w", str(web_workers), "-b", f"127.0.0.1:{port}", "--log-level", "warning",
-         "--forwarded-allow-ips", ""],
+         "--forwarded-allow-ips", "", "--keep-alive", "75"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
     )  # fmt: skip
     if not wait_for_heartbeat(port):

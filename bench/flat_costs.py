@@ -53,7 +53,7 @@ class _Rollback(Exception):
     pass
 
 
-def _fill(queued: int, workers: int, now) -> None:
+def fill_queue(queued: int, workers: int, now) -> None:
     """Empty the tables and fill them with one INSERT per table (generate_series)."""
     from django.db import connection
 
@@ -188,7 +188,7 @@ def _measure(queued: int, workers: int, samples: int):
     from jobs.status import eligible_workers, request_status
 
     now = timezone.now()
-    _fill(queued, workers, now)
+    fill_queue(queued, workers, now)
     first = TextRequest.objects.order_by("created_at").first().requested_models[0]
     newest = TextRequest.objects.get(requested_models=[NEWEST])
     cases = {
