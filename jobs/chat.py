@@ -156,8 +156,9 @@ def _defer(request_id: UUID, reason: str) -> None:
     DATABASE_WATCH_SECONDS, and Redis records it for the stale pass should the process die."""
     global _deferred_task
     _deferred[request_id] = reason
-    if _deferred_task is None or _deferred_task.done():
-        _deferred_task = asyncio.get_running_loop().create_task(_cancel_deferred())
+    loop = asyncio.get_running_loop()
+    if _deferred_task is None or _deferred_task.done() or _deferred_task.get_loop() is not loop:
+        _deferred_task = loop.create_task(_cancel_deferred())
 
 
 async def _cancel_deferred() -> None:
