@@ -15,6 +15,8 @@ rolled back, so that the queue never changes:
     newest    the pop query for a worker whose only match is the newest request
     fallback  the pop query for a slow worker whose only matches are long requests that a
               faster worker of the same model could take (the tiered gate's NOT EXISTS)
+    gated     the pop query for a slow worker of a popular model: every request of the model
+              goes to a faster worker, so the walk checks each of them against the gate
     status    `jobs.status.request_status` of the newest request
     eligible  `jobs.status.eligible_workers` of the newest request
 
@@ -196,9 +198,10 @@ def _measure(queued: int, workers: int, samples: int):
         "miss": _worker([NOBODY], speed=50, now=now),
         "newest": _worker([NEWEST], speed=50, now=now),
         "fallback": _worker([LONG], speed=2, now=now),
+        "gated": _worker([MODELS[0]], speed=0.5, now=now),
     }
     found = {name: _pop_query(worker, now)[1] is not None for name, worker in cases.items()}
-    assert found == {"head": True, "miss": False, "newest": True, "fallback": False}, found
+    assert found == {"head": True, "miss": False, "newest": True, "fallback": False, "gated": False}, found
     size = {name: _timed(lambda w=worker: _pop_query(w, now), samples) for name, worker in cases.items()}
     size["status"] = _timed(lambda: request_status(newest, now=now), samples)
     size["eligible"] = _timed(lambda: eligible_workers(newest, now=now), samples)
