@@ -148,3 +148,21 @@ def plain_staff(db, client):
     user = User.objects.create_user("staff", password="pw", is_staff=True)
     client.force_login(user)
     return client
+
+
+def multiply_rows(model, times: int, **columns: str) -> None:
+    """Copy every row of `model`'s table `times` times, with new ids, then ANALYZE it: a table
+    the size the planner would see in service. `columns` gives the SQL of any column that must
+    differ between copies (a unique name, say), over the copy's number `i`."""
+    from django.db import connection
+
+    table = model._meta.db_table
+    copied = [f.column for f in model._meta.concrete_fields if f.column != "id" and f.column not in columns]
+    names = ", ".join([*copied, *columns])
+    values = ", ".join([*copied, *columns.values()])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (id, {names}) "
+            f"SELECT gen_random_uuid(), {values} FROM {table}, generate_series(1, {int(times)}) AS i"
+        )
+        cursor.execute(f"ANALYZE {table}")

@@ -11,6 +11,7 @@ from rest_framework.renderers import JSONRenderer
 
 from jobs.models import Generation, TextRequest
 from jobs.services import EmptyPop, pop_generation
+from tests.conftest import multiply_rows
 from workers.models import Worker
 
 POP = {
@@ -317,13 +318,8 @@ def test_the_pops_generic_plan_walks_each_models_queue_index_without_sorting_the
     owner.pop("planned")  # checks the worker in: its model can then be asked for
     assert requester.request_text(models=["m1"]).status_code == 202
     # A queue the size the planner would see in service, and its statistics.
-    copied = [field.column for field in TextRequest._meta.concrete_fields if field.column != "id"]
+    multiply_rows(TextRequest, 20000)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO jobs_textrequest (id, {', '.join(copied)}) "
-            f"SELECT gen_random_uuid(), {', '.join(copied)} FROM jobs_textrequest, generate_series(1, 20000)"
-        )
-        cursor.execute("ANALYZE jobs_textrequest")
         cursor.execute("ANALYZE jobs_queuedmodel")
     worker = Worker.objects.get(name="planned")
     params = {

@@ -1,5 +1,6 @@
 """GET /api/v2/generate/text/status/{id}: queue_position and wait_time as the AI Horde gives them."""
 
+from tests.conftest import multiply_rows
 from workers.models import Worker
 
 
@@ -60,13 +61,8 @@ def test_the_position_is_counted_on_an_index_range_of_a_long_queue(requester, ow
 
     owner.pop("w", models=["m1"])
     assert requester.request_text(models=["m1"]).status_code == 202
-    copied = [field.column for field in TextRequest._meta.concrete_fields if field.column != "id"]
+    multiply_rows(TextRequest, 20000)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO jobs_textrequest (id, {', '.join(copied)}) "
-            f"SELECT gen_random_uuid(), {', '.join(copied)} FROM jobs_textrequest, generate_series(1, 20000)"
-        )
-        cursor.execute("ANALYZE jobs_textrequest")
         newest = TextRequest.objects.order_by("-created_at", "-id").first()
         marker = TextRequest.objects.order_by("created_at", "id")[15000]
         cursor.execute(
@@ -90,15 +86,8 @@ def test_the_eligible_workers_of_a_request_naming_models_are_found_on_the_models
     from jobs import eligibility, sql
 
     owner.pop("w", models=["m1"])
-    copied = [field.column for field in Worker._meta.concrete_fields if field.column not in ("id", "name")]
+    multiply_rows(Worker, 2000, name="'copy-' || i", served_models="ARRAY['m' || (random() * 200)::int]")
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO workers_worker (id, name, {', '.join(copied)}) "
-            f"SELECT gen_random_uuid(), 'copy-' || i, {', '.join(copied)} "
-            f"FROM workers_worker, generate_series(1, 2000) AS i"
-        )
-        cursor.execute("UPDATE workers_worker SET served_models = ARRAY['m' || (random() * 200)::int]")
-        cursor.execute("ANALYZE workers_worker")
         request_id = requester.request_text(models=["m1"]).json()["id"]
         statement = sql.eligible_workers(names_models=True)
         cursor.execute("EXPLAIN " + statement, {**eligibility.params(timezone.now()), "request": request_id})
