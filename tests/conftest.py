@@ -39,6 +39,13 @@ def _no_rate_limits(settings) -> None:
     settings.ADDRESS_RATE_PER_SECOND = 0
 
 
+@pytest.fixture
+def clock(request, time_machine):
+    """The test clock, stopped at its module's `T0` (the lease tests move it by hand)."""
+    time_machine.move_to(request.module.T0, tick=False)
+    return time_machine
+
+
 @dataclass
 class Caller:
     """An account with its API key, and a client that speaks the horde routes as it."""

@@ -3,7 +3,6 @@
 from collections import Counter
 from datetime import timedelta
 
-import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -13,12 +12,6 @@ from jobs.services import abort_stale_generations
 from workers.models import Worker
 
 T0 = "2026-03-01 12:00:00+00:00"
-
-
-@pytest.fixture
-def clock(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
 
 
 def _queue_and_pop(requester, owner, worker="w", **params):

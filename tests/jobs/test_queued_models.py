@@ -2,18 +2,11 @@
 of every request that is active with jobs queued ('' for one that names no model), whichever
 statement queues, claims, restarts, cancels, expires or faults it."""
 
-import pytest
 
 from jobs.models import QueuedModel, TextRequest
 from jobs.services import abort_stale_generations, cancel_request, create_chat_request
 
 T0 = "2026-03-01 12:00:00+00:00"
-
-
-@pytest.fixture
-def clock(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
 
 
 def expected() -> set[tuple[str, str]]:

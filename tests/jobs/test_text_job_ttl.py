@@ -15,12 +15,6 @@ T0 = "2026-05-01 10:00:00+00:00"
 POP = datetime.fromisoformat(T0).timestamp()
 
 
-@pytest.fixture
-def clock(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
-
-
 def _relayed(generation_id: str) -> list[str]:
     request_id = Generation.objects.get(pk=generation_id).request_id
     entries = get_redis_connection("default").xrange(leases.relay_key(request_id))
