@@ -2,7 +2,6 @@
 of every request that is active with jobs queued ('' for one that names no model), whichever
 statement queues, claims, restarts, cancels, expires or faults it."""
 
-
 from jobs.models import QueuedModel, TextRequest
 from jobs.services import abort_stale_generations, cancel_request, create_chat_request
 
