@@ -106,20 +106,26 @@ def trusted_owner(make_caller) -> Caller:
     return make_caller("trusted-owner", trusted=True)
 
 
+def queue_chat(requester: Caller, max_length: int, content: str = "hi", model: str = "chat-model"):
+    """Queue a chat request of `requester` for `model`, as the chat routes would; the request."""
+    from jobs.services import create_chat_request
+
+    return create_chat_request(
+        account=requester.account,
+        model=model,
+        messages=[{"role": "user", "content": content}],
+        max_length=max_length,
+        params={},
+    )
+
+
 @pytest.fixture
 def chat_job(requester):
     """Queue a chat request and pop it as a chat worker of `owner`; return the pop answer."""
-    from jobs.services import create_chat_request
 
     def make(owner: Caller, worker: str = "chat-worker", *, max_length: int = 1024) -> dict:
         owner.pop(worker, models=["chat-model"], chat=True, max_length=16384, max_context_length=32768)
-        create_chat_request(
-            account=requester.account,
-            model="chat-model",
-            messages=[{"role": "user", "content": "Tell me a long story."}],
-            max_length=max_length,
-            params={},
-        )
+        queue_chat(requester, max_length, "Tell me a long story.")
         job = owner.pop(worker, models=["chat-model"], chat=True, max_length=16384, max_context_length=32768)
         assert job.status_code == 200 and job.json()["id"], job.content
         return job.json()

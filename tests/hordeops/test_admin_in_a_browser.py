@@ -25,7 +25,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from bench.fill import fill
 from hordeops import metrics
-from jobs.services import create_chat_request
+from tests.conftest import queue_chat
 from tests.live import ROOT, LiveStack
 from workers.models import Account
 from workers.moderation import grant_moderators
@@ -126,13 +126,7 @@ def test_a_live_generations_seconds_left_counts_down_in_the_page(
     owner, requester = make_caller("volunteer"), make_caller("requester")
     declared = {"chat": True, "max_length": 1024, "max_context_length": 8192}
     assert _pop(base_url, owner.api_key, **declared)["id"] is None
-    create_chat_request(
-        account=requester.account,
-        model="chat-model",
-        messages=[{"role": "user", "content": "Write a long story."}],
-        max_length=512,
-        params={},
-    )
+    queue_chat(requester, 512, "Write a long story.")
     job = _pop(base_url, owner.api_key, **declared)
     assert job["id"]
 

@@ -3,8 +3,8 @@
 import re
 from datetime import timedelta
 
-from jobs.services import abort_stale_generations, create_chat_request
-from tests.conftest import progress
+from jobs.services import abort_stale_generations
+from tests.conftest import progress, queue_chat
 
 PAGE = "/admin/operations/"
 # Minutes no other test counts in, so that the per-minute counters start at zero; before
@@ -28,16 +28,6 @@ def numbers(html: str) -> dict[str, int]:
     return found
 
 
-def _chat_request(requester) -> None:
-    create_chat_request(
-        account=requester.account,
-        model="chat-model",
-        messages=[{"role": "user", "content": "hi"}],
-        max_length=300,
-        params={},
-    )
-
-
 def test_the_page_shows_processing_lapsed_queue_depth_and_the_last_hour(
     moderator, owner, requester, chat_job, time_machine, django_capture_on_commit_callbacks
 ):
@@ -47,7 +37,7 @@ def test_the_page_shows_processing_lapsed_queue_depth_and_the_last_hour(
     for _ in range(3):
         requester.request_text(models=["m1"])
     text = owner.pop("text-worker", models=["m1"]).json()
-    _chat_request(requester)
+    queue_chat(requester, 300)
     time_machine.shift(100)
     assert progress(owner, chat["id"], 1).json()["lease"] == "granted"
     time_machine.shift(100)  # the text job's lease (150 s) lapsed; the chat one runs to 250 s

@@ -3,7 +3,8 @@ of every request that is active with jobs queued ('' for one that names no model
 statement queues, claims, restarts, cancels, expires or faults it."""
 
 from jobs.models import QueuedModel, TextRequest
-from jobs.services import abort_stale_generations, cancel_request, create_chat_request
+from jobs.services import abort_stale_generations, cancel_request
+from tests.conftest import queue_chat
 
 T0 = "2026-03-01 12:00:00+00:00"
 
@@ -52,13 +53,7 @@ def test_expired_and_faulted_requests_have_no_rows(requester, owner, clock, sett
     settings.TEXT_REQUEST_MAX_RESTARTS = 1
     owner.pop("w", models=["m1", "chat-model"], chat=True, max_length=4096, max_context_length=8192)
     assert requester.request_text(models=["m1"]).status_code == 202
-    create_chat_request(
-        account=requester.account,
-        model="chat-model",
-        messages=[{"role": "user", "content": "hi"}],
-        max_length=100,
-        params={},
-    )
+    queue_chat(requester, 100)
     assert len(kept()) == 2
     owner.pop("w", models=["m1", "chat-model"], chat=True, max_length=4096, max_context_length=8192)
     clock.shift(151)

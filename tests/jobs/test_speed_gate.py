@@ -7,7 +7,8 @@ from django.utils import timezone
 
 from hordeops import metrics
 from jobs.models import Generation, TextRequest
-from jobs.services import abort_stale_generations, create_chat_request
+from jobs.services import abort_stale_generations
+from tests.conftest import queue_chat
 from workers.models import Worker
 
 DECLARED = {"models": ["chat-model"], "chat": True, "max_length": 16384, "max_context_length": 32768}
@@ -16,16 +17,6 @@ DECLARED = {"models": ["chat-model"], "chat": True, "max_length": 16384, "max_co
 def _worker(caller, name: str, speed: float | None) -> None:
     assert caller.pop(name, **DECLARED).status_code == 200
     Worker.objects.filter(name=name).update(speed=speed)
-
-
-def _chat(requester, max_length: int) -> TextRequest:
-    return create_chat_request(
-        account=requester.account,
-        model="chat-model",
-        messages=[{"role": "user", "content": "hi"}],
-        max_length=max_length,
-        params={},
-    )
 
 
 def _pop(caller, name: str) -> Generation | None:
@@ -46,7 +37,7 @@ def test_a_worker_is_offered_chat_jobs_up_to_its_capacity_while_faster_ones_are_
 ):
     _worker(trusted_owner, "very-fast", 1000)  # capable of anything: the fallback never applies
     _worker(owner, "gauged", speed)
-    fits, too_long = _chat(requester, longest), _chat(requester, longest + 1)
+    fits, too_long = queue_chat(requester, longest), queue_chat(requester, longest + 1)
     generation = _pop(owner, "gauged")
     assert generation is not None and generation.request_id == fits.id
     assert (generation.fallback_tier, generation.capacity_at_pop) == (1, longest)
@@ -58,7 +49,7 @@ def test_a_slower_worker_gets_the_job_when_no_capable_worker_is_online(requester
     _worker(trusted_owner, "fast", 40)
     _worker(owner, "slow", 10)
     Worker.objects.filter(name="fast").update(last_pop_at=timezone.now() - timedelta(seconds=301))
-    job = _chat(requester, 1500)
+    job = queue_chat(requester, 1500)
     generation = _pop(owner, "slow")
     assert generation is not None and generation.request_id == job.id
     # 10 tokens/s x (200 s untrusted cap - 30 s) = 1700 >= 1500: over capacity, within its cap.
@@ -74,7 +65,7 @@ def test_a_worker_in_maintenance_or_serving_another_model_is_not_capable_for_the
     Worker.objects.filter(name="fast-in-maintenance").update(maintenance=True)
     Worker.objects.filter(name="fast-other-model").update(served_models=["other-model"])
     _worker(owner, "slow", 10)
-    job = _chat(requester, 1500)
+    job = queue_chat(requester, 1500)
     assert _pop(owner, "slow").request_id == job.id
 
 
@@ -83,7 +74,7 @@ def test_the_fallback_prefers_a_worker_that_can_finish_within_its_own_cap(reques
     # 10 x (600 - 30) = 5700 covers it; within the untrusted cap, 10 x (200 - 30) = 1700 does not.
     _worker(owner, "untrusted-slow", 10)
     _worker(trusted_owner, "trusted-slow", 10)
-    job = _chat(requester, 3000)
+    job = queue_chat(requester, 3000)
     assert _pop(owner, "untrusted-slow") is None
     generation = _pop(trusted_owner, "trusted-slow")
     assert generation.request_id == job.id
@@ -94,7 +85,7 @@ def test_a_worker_that_cannot_finish_even_within_its_cap_is_the_last_resort(requ
     _worker(owner, "untrusted-slow", 10)
     _worker(trusted_owner, "trusted-slow", 10)
     Worker.objects.filter(name="trusted-slow").update(last_pop_at=timezone.now() - timedelta(seconds=301))
-    job = _chat(requester, 3000)
+    job = queue_chat(requester, 3000)
     generation = _pop(owner, "untrusted-slow")
     assert generation.request_id == job.id
     assert generation.fallback_tier == 3
@@ -113,7 +104,7 @@ def test_a_legacy_text_job_is_offered_whatever_its_length(requester, owner, trus
 def test_an_over_capacity_assignment_records_its_outcome(requester, owner, end, time_machine):
     time_machine.move_to("2026-07-01 00:00:00+00:00", tick=False)
     _worker(owner, "slow", 10)
-    job = _chat(requester, 1500)
+    job = queue_chat(requester, 1500)
     generation = _pop(owner, "slow")
     assert generation.fallback_tier == 2 and generation.state == "processing"
     if end == "done":
@@ -140,14 +131,14 @@ def test_pops_by_a_chat_worker_declaring_more_than_its_capacity_are_counted(owne
 
 def test_a_capacity_limited_pop_is_recorded_on_its_generation(requester, owner):
     _worker(owner, "limited", None)
-    _chat(requester, 500)
+    queue_chat(requester, 500)
     generation = _pop(owner, "limited")
     assert (generation.capacity_limited, generation.fallback_tier) == (True, 1)
 
 
 def test_the_status_counts_only_the_workers_the_pop_would_offer_the_job(requester, owner, trusted_owner):
     _worker(owner, "slow", 10)
-    job = _chat(requester, 1500)
+    job = queue_chat(requester, 1500)
     status = _status(requester, job)
     assert (status["eligible_workers"], status["might_stall"], status["is_possible"]) == (1, True, True)
     _worker(trusted_owner, "fast", 40)
@@ -160,6 +151,6 @@ def test_the_status_counts_only_the_workers_the_pop_would_offer_the_job(requeste
 def test_a_request_no_online_worker_can_serve_is_not_possible(requester, owner):
     _worker(owner, "small", 1000)
     Worker.objects.filter(name="small").update(max_length=512)
-    job = _chat(requester, 1500)
+    job = queue_chat(requester, 1500)
     status = _status(requester, job)
     assert (status["eligible_workers"], status["is_possible"], status["might_stall"]) == (0, False, False)
