@@ -197,9 +197,7 @@ def _start(
     is checked first, so that a bad key is a 401 whatever the header says.
     """
     account = chat_caller(request)
-    if isinstance(header, errors.DomainError):
-        raise header
-    budget = header.within(account.deadline_limit_ms) if header else None
+    budget = deadlines.for_account(header, account)
     call = protocol.parse(loads_strict(request.body))
     deadline_at = budget.deadline_at(clock.now()) if budget else None  # auth and parsing spent some
     text_request = services.create_chat_request(

@@ -143,12 +143,13 @@ def _first_use(signature: str) -> bool:
         return False
 
 
-def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> Budget | None:
+def budget_for(request: HttpRequest) -> Budget | None:
     """The request's generation budget, or None when it sets no deadline.
 
-    Raises InvalidGenerationDeadline for a malformed header. A shorter account or route limit
-    wins; an authenticated internal hop can only shorten the budget, and an unauthenticated
-    or replayed one is ignored. A signed internal header costs one Redis command.
+    Raises InvalidGenerationDeadline for a malformed header. A shorter route limit wins (the
+    account's is applied once the caller is known: `for_account`); an authenticated internal
+    hop can only shorten the budget, and an unauthenticated or replayed one is ignored. A
+    signed internal header costs one Redis command.
     """
     maximum = settings.GENERATION_DEADLINE_MAX_MS
     if maximum is None:  # a malformed maximum disables deadlines
@@ -167,9 +168,9 @@ def budget_for(request: HttpRequest, *, account_limit_ms: int | None = None) -> 
         limits.append(max(1, int(internal)))
     if not limits:
         return None
-    for limit in (account_limit_ms, _route_limit(request.path)):
-        if limit:
-            limits.append(limit)
+    route_limit = _route_limit(request.path)
+    if route_limit:
+        limits.append(route_limit)
     return Budget(total_ms=min(limits), started=clock.arrived(request))
 
 
@@ -182,6 +183,14 @@ def header_budget(request: HttpRequest) -> Budget | errors.DomainError | None:
         return budget_for(request)
     except errors.DomainError as err:
         return err
+
+
+def for_account(header: Budget | errors.DomainError | None, account) -> Budget | None:
+    """The budget once the caller's key is checked: the header's error raised now, or the
+    header's budget cut to the account's limit (a moderator's setting, when shorter)."""
+    if isinstance(header, errors.DomainError):
+        raise header
+    return header.within(account.deadline_limit_ms) if header else None
 
 
 def connection_wait(header: Budget | errors.DomainError | None):

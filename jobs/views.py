@@ -62,9 +62,7 @@ class TextAsyncView(APIView):
 
     def _queue(self, request: Request, header: deadlines.Budget | errors.DomainError | None) -> Response:
         account = _account(request)
-        if isinstance(header, errors.DomainError):
-            raise header
-        budget = header.within(account.deadline_limit_ms) if header else None
+        budget = deadlines.for_account(header, account)
         data = _validated(s.TextAsyncInput, request)
         if not data["prompt"]:
             raise errors.MissingPrompt()
