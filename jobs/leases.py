@@ -51,8 +51,8 @@ def initial_job_ttl(cap: int) -> int:
 
 
 # Since when (Unix seconds, the posts' clock) this Redis has held leases: set by the first
-# post it sees, so that a lease missing from a Redis that started after the pop reads as lost
-# (a restart), not as a worker's first post.
+# post it sees (which finds no lease: a new Redis has none), so that a lease missing from a
+# Redis that started after the pop reads as lost (a restart), not as a worker's first post.
 SINCE_KEY = "hordeops:leases-since"
 
 # KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash, SINCE_KEY.
@@ -77,8 +77,9 @@ local function count(outcome)
   redis.call('HINCRBY', minute, field, 1)
   redis.call('EXPIRE', minute, tonumber(ARGV[12]))
 end
-redis.call('SET', KEYS[5], ARGV[1], 'NX')
 if redis.call('EXISTS', lease) == 0 then
+  -- Only here: after a Redis start the first post of any kind finds its lease missing.
+  redis.call('SET', KEYS[5], ARGV[1], 'NX')
   local taken = 0
   if seq > 1 and tonumber(redis.call('GET', KEYS[5])) > tonumber(ARGV[5]) then
     if redis.call('PUBSUB', 'NUMSUB', relay)[2] == 0 then
