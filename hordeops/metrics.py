@@ -115,8 +115,11 @@ def counting_since(*, now: datetime) -> float:
 class RedisCounterCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         try:
-            created = counting_since(now=clock.now())
             stored = {k.decode(): v for k, v in _redis().hgetall(METRICS_KEY).items()}
+            # Marked by the first scrape that finds it missing; read with the totals otherwise.
+            created = (
+                float(stored[CREATED_FIELD]) if CREATED_FIELD in stored else counting_since(now=clock.now())
+            )
         except Exception:
             # A scrape must not fail because Redis is down; the counters are then absent.
             return
