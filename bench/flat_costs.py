@@ -7,8 +7,9 @@ Run:  .venv/bin/python bench/flat_costs.py [--samples 30] [--sizes 100:10,10000:
 Its own database (hordeops_bench_flat) and Redis database 13. For each size (queued requests
 : online chat workers) it empties the tables and fills them: chat requests for 20 models, a
 tenth of them for models no worker serves, the fleet serving 1-3 of the 20 each. Then it
-times each case, median and p99 of --samples runs, every one inside a transaction that is
-rolled back, so that the queue never changes:
+times each case, median and p99 of --samples runs after a warm-up that lets the statement be
+prepared and its plan chosen, as on a pooled connection in service (the pop query only locks
+what it picks, so the queue never changes):
 
     head      the pop query (`jobs.sql.pop`) for a worker of the first request's model
     miss      the pop query for a worker that serves only a model nobody asks for
@@ -49,10 +50,6 @@ UNSERVED = [f"flat-unserved-{i}" for i in range(5)]
 NOBODY = "flat-model-nobody-asks"
 NEWEST = "flat-model-only-the-newest"
 LONG = "flat-model-long-replies"
-
-
-class _Rollback(Exception):
-    pass
 
 
 def fill_queue(queued: int, workers: int, now) -> None:
@@ -138,29 +135,29 @@ def _worker(models: list[str], *, speed: float | None, now):
 
 
 def _pop_query(worker, now) -> tuple[float, object]:
-    """One run of the pop query for `worker`, rolled back: its seconds and what it picked."""
+    """One run of the pop query for `worker` in a transaction of its own: its seconds and what
+    it picked. The query only locks what it picks, so the queue stays as it is; the transaction
+    commits, as the pop's does in service: a rollback, even to a savepoint, would make psycopg
+    drop the connection's prepared statements, and the pop would be planned afresh each time."""
     from django.db import connection, transaction
 
     from jobs import sql
     from jobs.services.pop import pop_params
 
     params = pop_params(worker, trusted=False, now=now)
-    picked = None
     started = time.perf_counter()
-    try:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(sql.pop(), params)
-                picked = cursor.fetchone()
-            elapsed = time.perf_counter() - started
-            raise _Rollback
-    except _Rollback:
-        pass
-    return elapsed, picked
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql.pop(), params)
+            picked = cursor.fetchone()
+    return time.perf_counter() - started, picked
 
 
 def _timed(call, samples: int) -> dict[str, float]:
-    call()  # warm: the statement prepared, the pages cached
+    # Warm: the pages cached, and the statement run often enough on this connection for
+    # psycopg to prepare it (its fifth run) and PostgreSQL to choose its plan (five more).
+    for _ in range(11):
+        call()
     seconds = []
     for _ in range(samples):
         started = time.perf_counter()
@@ -168,6 +165,19 @@ def _timed(call, samples: int) -> dict[str, float]:
         seconds.append(time.perf_counter() - started)
     ms = [s * 1000 for s in seconds]
     return {"median_ms": round(statistics.median(ms), 3), "p99_ms": round(percentile(ms, 0.99), 3)}
+
+
+def _plans_used() -> dict[str, int]:
+    """How often PostgreSQL ran the prepared pop query on a generic plan and on custom ones."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%jobs_queuedmodel%"],
+        )
+        generic, custom = cursor.fetchone() or (0, 0)
+    return {"generic": generic, "custom": custom}
 
 
 def _explain(worker, now) -> str:
@@ -203,6 +213,7 @@ def _measure(queued: int, workers: int, samples: int):
     found = {name: _pop_query(worker, now)[1] is not None for name, worker in cases.items()}
     assert found == {"head": True, "miss": False, "newest": True, "fallback": False, "gated": False}, found
     size = {name: _timed(lambda w=worker: _pop_query(w, now), samples) for name, worker in cases.items()}
+    size["pop_plans"] = _plans_used()
     size["status"] = _timed(lambda: request_status(newest, now=now), samples)
     size["eligible"] = _timed(lambda: eligible_workers(newest, now=now), samples)
     return size, cases, now
@@ -212,6 +223,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--sizes", default="100:10,10000:100,100000:1000")
+    parser.add_argument(
+        "--plan",
+        choices=("auto", "force_generic_plan", "force_custom_plan"),
+        default="auto",
+        help="plan_cache_mode for the prepared statements (auto: PostgreSQL's choice, as in service)",
+    )
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in size.split(":")) for size in args.sizes.split(",")]
 
@@ -219,6 +236,10 @@ def main() -> None:
     import django
 
     django.setup()
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET plan_cache_mode = {args.plan}")
 
     figures, plans = {}, []
     for queued, workers in sizes:
@@ -232,6 +253,7 @@ def main() -> None:
     ratios = {
         case: round(figures[largest][case]["median_ms"] / figures[smallest][case]["median_ms"], 2)
         for case in figures[largest]
+        if "median_ms" in figures[largest][case]
     }
     plans_path = Path(tempfile.mkstemp(prefix="flat-costs-plans-", suffix=".txt")[1])
     plans_path.write_text("\n".join(plans))
@@ -243,6 +265,7 @@ def main() -> None:
                 "python_loop_seconds": python_loop_seconds(),
                 "cores": os.cpu_count(),
                 "samples": args.samples,
+                "plan_cache_mode": args.plan,
                 "figures": figures,
                 "largest_over_smallest_median": ratios,
             },

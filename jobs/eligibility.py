@@ -56,23 +56,34 @@ def tier_sql(r: str, w: str, wa: str) -> str:
     )
 
 
-def _filters(r: str, w: str, wa: str) -> list[tuple[str | None, str]]:
+def _filters(r: str, w: str, wa: str, *, shape: str = "") -> list[tuple[str | None, str]]:
     """The plain filters, each with the AI Horde's name for a request it passes over (None:
-    one the AI Horde does not report, maintenance, or a kind the worker does not see)."""
-    return [
+    one the AI Horde does not report, maintenance, or a kind the worker does not see).
+
+    `shape` ("popper" or "better"): the filters of a shape of requests (`shape_offer_sql`),
+    which has no account or named workers. The popping worker passes the maintenance filter
+    (a request of its own account may have the shape), a worker that would gate it only when
+    it is not in maintenance (so that it gates every request of the shape)."""
+    maintenance = {
+        "": f"(NOT {w}.maintenance OR {w}.account_id = {r}.account_id)",
+        "popper": "true",
+        "better": f"NOT {w}.maintenance",
+    }[shape]
+    filters = [
         ("max_length", f"{r}.max_length <= {w}.max_length"),
         ("max_context_length", f"{r}.max_context_length <= {w}.max_context_length"),
         ("models", f"(cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"),
         ("worker_id", f"(cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"),
         ("untrusted", f"(NOT {r}.trusted_workers OR {wa}.trusted)"),
-        (None, f"(NOT {w}.maintenance OR {w}.account_id = {r}.account_id)"),
+        (None, maintenance),
         (None, f"({r}.kind = '{TEXT}' OR {w}.chat)"),
     ]
+    return [(reason, condition) for reason, condition in filters if not (shape and reason == "worker_id")]
 
 
-def filters_sql(r: str, w: str, wa: str) -> str:
+def filters_sql(r: str, w: str, wa: str, *, shape: str = "") -> str:
     """The plain filters: could this worker serve this request at all?"""
-    return " AND ".join(condition for _, condition in _filters(r, w, wa))
+    return " AND ".join(condition for _, condition in _filters(r, w, wa, shape=shape))
 
 
 # Why a worker that was offered nothing was passed over, in the AI Horde's words (its pop's
@@ -92,10 +103,24 @@ def skip_reason_sql(r: str, w: str, wa: str) -> str:
 
 def offer_sql(r: str = "r", w: str = "w", wa: str = "wa") -> str:
     """May worker `w` be offered request `r` now? Filters, then the tiered speed gate."""
+    return _offer_sql(r, w, wa, shape=False)
+
+
+def shape_offer_sql(s: str, w: str = "w", wa: str = "wa") -> str:
+    """Could worker `w` be offered some request of shape `s` that names no workers? The same
+    rule over a shape's columns (`jobs.models.QUEUE_SHAPE`, and `requested_models`: the one
+    model the shape is queued under): false only where `offer_sql` is false for every such
+    request, so that a pop may pass the shape by without reading its requests. Where it is
+    true, each request is still decided by `offer_sql`."""
+    return _offer_sql(s, w, wa, shape=True)
+
+
+def _offer_sql(r: str, w: str, wa: str, *, shape: bool) -> str:
     better = (
         f"SELECT 1 FROM {Worker._meta.db_table} AS v JOIN {Account._meta.db_table} AS va"
         f" ON va.id = v.account_id"
-        f" WHERE {ONLINE_SQL.format(w='v')} AND {filters_sql(r, 'v', 'va')}"
+        f" WHERE {ONLINE_SQL.format(w='v')} AND {filters_sql(r, 'v', 'va', shape='better' if shape else '')}"
         f" AND {tier_sql(r, 'v', 'va')} < {tier_sql(r, w, wa)}"
     )
-    return f"({filters_sql(r, w, wa)} AND ({tier_sql(r, w, wa)} = 1 OR NOT EXISTS ({better})))"
+    mine = filters_sql(r, w, wa, shape="popper" if shape else "")
+    return f"({mine} AND ({tier_sql(r, w, wa)} = 1 OR NOT EXISTS ({better})))"

@@ -131,12 +131,22 @@ class TextRequest(models.Model):
         return self.max_length * self.OUTPUT_BYTES_PER_TOKEN + self.OUTPUT_ALLOWANCE_BYTES
 
 
+# The columns of a queued request's shape, in the order of the index `queued_model_shape`.
+QUEUE_SHAPE = ("kind", "max_length", "max_context_length", "trusted_workers", "targeted")
+
+
 class QueuedModel(models.Model):
     """A waiting request under one model it names ('' for a request that names none), in queue
     order: the pop walks these by index, a model at a time, so that its cost does not grow with
     requests for models the worker does not serve.
 
-    Kept by the database itself: a trigger on the requests table (migration 0010,
+    Each row also carries the request's shape: the columns the offer rule reads that are the
+    same for many requests (kind, lengths, trust, whether it names workers). A pop that meets
+    many requests it may not take in a row walks the shapes instead (a skip scan of
+    `queued_model_shape`), decides the rule once per shape, and walks only the shapes it may
+    be offered (`jobs.sql.pop`).
+
+    Kept by the database itself: a trigger on the requests table (migrations 0010 and 0012,
     `jobs_request_queued_models`) holds exactly the rows of requests that are active with jobs
     still queued, whichever statement changes them.
     """
@@ -148,6 +158,12 @@ class QueuedModel(models.Model):
     fair_rank = models.PositiveIntegerField()
     priority = models.IntegerField()
     created_at = models.DateTimeField()
+    # The request's shape, copied.
+    kind = models.CharField(max_length=8, choices=TextRequest.Kind.choices)
+    max_length = models.PositiveIntegerField()
+    max_context_length = models.PositiveIntegerField()
+    trusted_workers = models.BooleanField()
+    targeted = models.BooleanField()  # names the workers it may go to
 
     class Meta:
         indexes = [
@@ -157,6 +173,19 @@ class QueuedModel(models.Model):
                 F("priority").desc(),
                 F("created_at").asc(),
                 name="queued_model_order",
+                # Always true: the walk that reads a model's rows in queue order says so, and so
+                # only it uses this index. The walk of one shape's rows uses `queued_model_shape`,
+                # which the planner, guessing that the shape's columns filter little, would
+                # otherwise pass over for this smaller one and filter its rows a shape at a time.
+                condition=Q(fair_rank__gte=0),
+            ),
+            models.Index(
+                F("model"),
+                *(F(field) for field in QUEUE_SHAPE),
+                F("fair_rank").asc(),
+                F("priority").desc(),
+                F("created_at").asc(),
+                name="queued_model_shape",
             ),
         ]
         constraints = [

@@ -13,7 +13,7 @@ from functools import cache
 
 from hordeops.rows import columns
 from jobs import eligibility
-from jobs.models import Generation, QueuedModel, TextRequest, lease_end_sql
+from jobs.models import QUEUE_SHAPE, Generation, QueuedModel, TextRequest, lease_end_sql
 from workers.capacity import ONLINE_SQL
 from workers.models import Account, Worker
 
@@ -62,19 +62,50 @@ def skipped() -> str:
     """
 
 
+# How many of a model's rows, from the head of its queue, a pop reads one by one before it
+# walks the model's shapes instead. Where it finds an offer among them (the common case)
+# the shapes cost nothing; where the head is all requests it may not take, the shapes keep
+# its cost flat however long the queue.
+NEAR_ROWS = 16
+
+_QUEUE_ORDER = "q.fair_rank ASC, q.priority DESC, q.created_at ASC"
+_SHAPE = ", ".join(f"q.{column}" for column in QUEUE_SHAPE)
+
+
+def _walk(rows: str, where: str, order: str = _QUEUE_ORDER) -> str:
+    """The first request of `rows` (jobs_queuedmodel rows `q`, in queue order) that the
+    popping worker may be offered, locked; with its tier for it."""
+    return f"""
+            SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
+            FROM {rows} AS q JOIN {REQUESTS} AS r ON r.id = q.request_id
+            WHERE {where} AND r.state = '{ACTIVE}' AND r.queued > 0
+              AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
+                   OR %(plan_hint)s::boolean)
+            ORDER BY {order}
+            LIMIT 1
+            FOR UPDATE OF r SKIP LOCKED"""
+
+
 @cache
 def pop() -> str:
     """The best request this worker may be offered now, locked; with its tier for it.
 
     Queue order is fair across accounts, then priority, then age (`fair_rank`: an account's
     waiting or running requests when the request was queued). The walk reaches only requests
-    that name one of the worker's models, or none: for each of its models, and for '', it
-    walks that model's rows of `jobs_queuedmodel` in queue order on the index
-    `queued_model_order` to the first request it may be offered, locked with SKIP LOCKED (so
-    that concurrent pops pass each other's rows instead of waiting or taking one twice); the
-    best of those few is the one. A request that names several of the worker's models is met
-    once per model, and is the same row. The rows the others locked are freed with the
-    statement's transaction.
+    that name one of the worker's models, or none: for each of its models, and for '', the
+    rows of `jobs_queuedmodel` under that model, on its indexes, to the first request it may
+    be offered, locked with SKIP LOCKED (so that concurrent pops pass each other's rows
+    instead of waiting or taking one twice); the best of those few is the one. A request that
+    names several of the worker's models is met once per model, and is the same row. The rows
+    the others locked are freed with the statement's transaction.
+
+    Per model, two walks. `near`: the first NEAR_ROWS rows in queue order (`queued_model_order`),
+    each decided by the offer rule. `far`, only where `near` found nothing: the model's shapes
+    (`jobs.models.QUEUE_SHAPE`), read by a skip scan of `queued_model_shape` (one index probe
+    per shape, a recursive CTE), the rule decided once per shape (`eligibility.shape_offer_sql`),
+    and each shape it may be offered walked in queue order to its first offer; the best of
+    those. So requests the worker may not take (too long for it, gated to a faster worker, for
+    trusted workers) cost one probe per shape, not one check each.
 
     `OR %(plan_hint)s` (always false) is a hint for the generic plan, which does not know
     the worker's values: it would guess that almost no request passes the offer rule, and
@@ -82,18 +113,40 @@ def pop() -> str:
     offer. A condition that may be true makes it guess that many pass, and walk the index.
     With the value known, as in a custom plan, the hint folds away.
     """
+    # `fair_rank >= 0`: always true, the predicate of `queued_model_order` (jobs.models).
+    near = f"""(SELECT * FROM {QUEUED_MODELS} AS q WHERE q.model = m.model AND q.fair_rank >= 0
+                    ORDER BY {_QUEUE_ORDER} LIMIT {NEAR_ROWS})"""
+    same_shape = " AND ".join(f"q.{column} = s.{column}" for column in QUEUE_SHAPE)
+    shape_order = f"{_SHAPE}, {_QUEUE_ORDER}"  # the index's order (the shape's are all equal)
     return f"""
-        SELECT c.* FROM unnest(%(w_served_models)s::varchar[] || ARRAY['']::varchar[]) AS m(model),
-        LATERAL (
-            SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
-            FROM {QUEUED_MODELS} AS q JOIN {REQUESTS} AS r ON r.id = q.request_id,{_POPPING_WORKER}
-            WHERE q.model = m.model AND r.state = '{ACTIVE}' AND r.queued > 0
-              AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
-                   OR %(plan_hint)s::boolean)
-            ORDER BY q.fair_rank ASC, q.priority DESC, q.created_at ASC
+        SELECT c.* FROM{_POPPING_WORKER},
+        unnest(%(w_served_models)s::varchar[] || ARRAY['']::varchar[]) AS m(model)
+        LEFT JOIN LATERAL ({_walk(near, "true")}
+        ) AS near ON true
+        LEFT JOIN LATERAL (
+            WITH RECURSIVE shapes AS (
+                (SELECT {_SHAPE} FROM {QUEUED_MODELS} AS q
+                 WHERE q.model = m.model AND near.id IS NULL ORDER BY {_SHAPE} LIMIT 1)
+                UNION ALL
+                SELECT n.* FROM shapes AS p, LATERAL (
+                    SELECT {_SHAPE} FROM {QUEUED_MODELS} AS q
+                    WHERE q.model = m.model AND ({_SHAPE}) > ({", ".join(f"p.{c}" for c in QUEUE_SHAPE)})
+                    ORDER BY {_SHAPE} LIMIT 1
+                ) AS n
+            )
+            SELECT f.* FROM (
+                SELECT shapes.*, CASE WHEN m.model = '' THEN ARRAY[]::varchar[]
+                                      ELSE ARRAY[m.model]::varchar[] END AS requested_models
+                FROM shapes
+            ) AS s,
+            LATERAL ({_walk(QUEUED_MODELS, "q.model = m.model AND " + same_shape, shape_order)}
+            ) AS f
+            WHERE s.targeted OR {eligibility.shape_offer_sql("s", "w", "wa")}
+            ORDER BY f.fair_rank ASC, f.priority DESC, f.created_at ASC
             LIMIT 1
-            FOR UPDATE OF r SKIP LOCKED
-        ) AS c
+        ) AS far ON true,
+        LATERAL (SELECT near.* WHERE near.id IS NOT NULL
+                 UNION ALL SELECT far.* WHERE far.id IS NOT NULL) AS c
         ORDER BY c.fair_rank ASC, c.priority DESC, c.created_at ASC
         LIMIT 1
     """

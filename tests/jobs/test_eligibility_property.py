@@ -132,7 +132,30 @@ def pop_offers(request_id, worker_ids: list) -> list[int | None]:
     return tiers
 
 
-def build(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec):
+def queue_blockers(account: Account) -> None:
+    """Ahead of the request, more requests than the pop reads one by one (`NEAR_ROWS`) under
+    each model and under none, that no worker may take (longer than any worker's max_length):
+    every pop then reaches the request by its shape (`jobs.sql.pop`'s far walk)."""
+    TextRequest.objects.bulk_create(
+        TextRequest(
+            account=account,
+            kind="chat",
+            prompt="Once upon a time",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_length=16385,
+            max_context_length=16385,
+            requested_models=models,
+            n=1,
+            queued=1,
+            created_at=NOW - timedelta(seconds=60),
+            expires_at=NOW + timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS),
+        )
+        for models in [[model] for model in POOL] + [[]]
+        for _ in range(sql.NEAR_ROWS + 1)
+    )
+
+
+def build(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec, *, behind: bool = False):
     owners = Account.objects.bulk_create(
         Account(name=f"acct-{i}", trusted=t, api_key_hash=hash_api_key(f"key-{i}"))
         for i, t in enumerate(accounts)
@@ -168,11 +191,15 @@ def build(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec):
         created_at=NOW - timedelta(seconds=5),
         expires_at=NOW + timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS),
     )
+    if behind:
+        queue_blockers(owners[0])
     return workers, request
 
 
-def check_agreement(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec) -> None:
-    workers, request = build(accounts, fleet, spec)
+def check_agreement(
+    accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec, *, behind: bool = False
+) -> None:
+    workers, request = build(accounts, fleet, spec, behind=behind)
     popped = dict(enumerate(pop_offers(request.pk, [w.pk for w in workers])))
     offered = {i: t for i, t in popped.items() if t is not None}
 
@@ -270,7 +297,7 @@ def worker_specs(n_accounts: int, max_length: int) -> st.SearchStrategy[WorkerSp
 
 
 @st.composite
-def scenarios(draw) -> tuple[list[bool], list[WorkerSpec], RequestSpec]:
+def scenarios(draw) -> tuple[list[bool], list[WorkerSpec], RequestSpec, bool]:
     accounts = draw(st.lists(st.booleans(), min_size=1, max_size=3))
     max_length = draw(st.one_of(LENGTHS, st.sampled_from(edge_lengths())))
     size = draw(st.integers(1, 8))
@@ -286,7 +313,8 @@ def scenarios(draw) -> tuple[list[bool], list[WorkerSpec], RequestSpec]:
         trusted_workers=draw(mostly(False, st.booleans())),
         allowed=allowed,
     )
-    return accounts, fleet, spec
+    # Half the time behind requests nobody may take: the pop reaches it by its shape.
+    return accounts, fleet, spec, draw(st.booleans())
 
 
 def note_situation(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec) -> None:
@@ -319,11 +347,12 @@ def note_situation(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestS
 )
 @given(scenario=scenarios())
 def test_a_worker_is_counted_exactly_when_the_pop_would_offer_it_the_request(db, scenario):
-    accounts, fleet, spec = scenario
+    accounts, fleet, spec, behind = scenario
     note_situation(accounts, fleet, spec)
+    event(f"behind the head of the queue: {behind}")
     # Each example builds its own rows and rolls them back, inside the test's transaction.
     with transaction.atomic():
-        check_agreement(accounts, fleet, spec)
+        check_agreement(accounts, fleet, spec, behind=behind)
         transaction.set_rollback(True)
 
 

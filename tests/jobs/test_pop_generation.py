@@ -307,7 +307,7 @@ def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester
 
 
 def test_the_pops_generic_plan_walks_each_models_queue_index_without_sorting_the_queue(requester, owner):
-    """PostgreSQL keeps a prepared pop's generic plan: it must be the index walk, not a sort."""
+    """PostgreSQL keeps a prepared pop's generic plan: it must be the index walks, not a sort."""
     import re
 
     from psycopg import sql
@@ -317,8 +317,8 @@ def test_the_pops_generic_plan_walks_each_models_queue_index_without_sorting_the
 
     owner.pop("planned")  # checks the worker in: its model can then be asked for
     assert requester.request_text(models=["m1"]).status_code == 202
-    # A queue the size the planner would see in service, and its statistics.
-    multiply_rows(TextRequest, 20000)
+    # A queue the size the planner would see in service, of many shapes, and its statistics.
+    multiply_rows(TextRequest, 20000, max_length="16 + i % 400", max_context_length="1024 + 512 * (i % 8)")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobs_queuedmodel")
     worker = Worker.objects.get(name="planned")
@@ -347,13 +347,24 @@ def test_the_pops_generic_plan_walks_each_models_queue_index_without_sorting_the
             cursor.execute("RESET plan_cache_mode")
     picking = plan.split("CTE taken")[0]
     assert "$1" in picking  # generic: the worker's values are parameters, not constants
-    # Each of the worker's models (and '') walks its rows on the index, in queue order, to
-    # the first offer: nothing of the queue is read whole or sorted.
-    assert "Index Scan using queued_model_order" in picking
-    assert "Seq Scan on jobs_textrequest" not in picking and "Seq Scan on jobs_queuedmodel" not in picking
-    # The one sort is of the few candidates, one per model, above the walks.
-    sorts = [line for line in picking.splitlines() if "Sort" in line and "Sort Key" not in line]
-    assert len(sorts) == 1 and picking.index(sorts[0]) < picking.index("Function Scan on unnest")
+    # Each of the worker's models (and '') walks its first rows on the order index; where
+    # they hold no offer, its shapes on the shape index (a skip scan, read from the index
+    # alone), then the rows of each shape on the same index, in queue order, to the first
+    # offer. Nothing of the queue is read whole, by bitmap, or sorted.
+    walks = [line.strip() for line in picking.splitlines() if "jobs_queuedmodel" in line]
+    assert [walk.split(" on ")[0] for walk in walks] == [
+        "->  Index Scan using queued_model_order",
+        "->  Index Only Scan using queued_model_shape",
+        "->  Index Only Scan using queued_model_shape",
+        "->  Index Scan using queued_model_shape",
+    ]
+    assert "Seq Scan on jobs_textrequest" not in picking and "Bitmap" not in picking
+    # The sorts are of the few candidates (one per model, one per shape), above the walks.
+    keys = [line.strip() for line in picking.splitlines() if "Sort Key" in line]
+    assert keys == [
+        "Sort Key: (near.fair_rank), (near.priority) DESC, (near.created_at)",
+        "Sort Key: f.fair_rank, f.priority DESC, f.created_at",
+    ]
 
 
 def test_a_pop_that_finds_nothing_counts_why_the_waiting_requests_passed_it_over(

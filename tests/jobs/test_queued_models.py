@@ -2,7 +2,9 @@
 of every request that is active with jobs queued ('' for one that names no model), whichever
 statement queues, claims, restarts, cancels, expires or faults it."""
 
-from jobs.models import QueuedModel, TextRequest
+import uuid
+
+from jobs.models import QUEUE_SHAPE, QueuedModel, TextRequest
 from jobs.services import abort_stale_generations, cancel_request
 from tests.conftest import queue_chat
 
@@ -63,3 +65,21 @@ def test_expired_and_faulted_requests_have_no_rows(requester, owner, clock, sett
     clock.shift(1200)  # past the lifetime: the pass expires what waits
     abort_stale_generations()
     assert kept() == expected() == set()
+
+
+def test_each_row_carries_its_requests_shape_and_follows_a_change_of_it(requester, owner):
+    owner.pop("w", models=["m1"], chat=True, max_length=4096, max_context_length=8192)
+    chat = queue_chat(requester, 300, model="m1")
+    TextRequest.objects.filter(pk=chat.pk).update(trusted_workers=True, allowed_workers=[uuid.uuid4()])
+    row = QueuedModel.objects.values(*QUEUE_SHAPE).get(request_id=chat.pk)
+    request = TextRequest.objects.get(pk=chat.pk)
+    assert row == {
+        "kind": "chat",
+        "max_length": 300,
+        "max_context_length": request.max_context_length,
+        "trusted_workers": True,
+        "targeted": True,
+    }
+    TextRequest.objects.filter(pk=chat.pk).update(max_length=200, allowed_workers=[])
+    assert QueuedModel.objects.values_list("max_length", "targeted").get(request_id=chat.pk) == (200, False)
+    assert kept() == expected()
