@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    KeepAliveConnection,
     bench_env,
     cpu_seconds,
     free_port,
@@ -83,37 +84,36 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in found]
 
 
-async def _worker(base: str, api_key: str, index: int, poll: float, stops: list, records: list) -> None:
-    """One idle worker: its own keep-alive connection (httpx's pool scans its connections on
-    every request, so one pool of 1,000 would time itself); pops every `poll` seconds until the
+async def _worker(port: int, api_key: str, index: int, poll: float, stops: list, records: list) -> None:
+    """One idle worker: its own keep-alive connection; pops every `poll` seconds until the
     last stop, recording into the phase it is in."""
-    import httpx
+    body = json.dumps({"name": f"idle-{index}", "models": [f"idle-model-{index % 20}"], "chat": True,
+                       "max_length": 4096, "max_context_length": 8192}).encode()  # fmt: skip
+    http = KeepAliveConnection("127.0.0.1", port, {"apikey": api_key})
+    await asyncio.sleep(random.uniform(0, poll))  # spread over the poll interval
+    while time.monotonic() < stops[-1]:
+        phase = 0 if time.monotonic() < stops[0] else 1
+        started = time.monotonic()
+        try:
+            status, answer = await asyncio.wait_for(http.post("/api/v2/generate/text/pop", body), 30)
+            ok = status == 200 and json.loads(answer).get("id") is None
+            records[phase]["latencies" if ok else "failures"].append(
+                time.monotonic() - started if ok else status
+            )
+        except Exception as error:  # noqa: BLE001  (counted, the run goes on)
+            records[phase]["failures"].append(type(error).__name__)
+            await http.close()
+        await asyncio.sleep(max(0.0, poll - (time.monotonic() - started)))
+    await http.close()
 
-    body = {"name": f"idle-{index}", "models": [f"idle-model-{index % 20}"], "chat": True,
-            "max_length": 4096, "max_context_length": 8192}  # fmt: skip
-    async with httpx.AsyncClient(base_url=base, headers={"apikey": api_key}, timeout=30) as http:
-        await asyncio.sleep(random.uniform(0, poll))  # spread over the poll interval
-        while time.monotonic() < stops[-1]:
-            phase = 0 if time.monotonic() < stops[0] else 1
-            started = time.monotonic()
-            try:
-                answer = await http.post("/api/v2/generate/text/pop", json=body)
-                ok = answer.status_code == 200 and answer.json().get("id") is None
-                records[phase]["latencies" if ok else "failures"].append(
-                    time.monotonic() - started if ok else answer.status_code
-                )
-            except Exception as error:  # noqa: BLE001  (counted, the run goes on)
-                records[phase]["failures"].append(type(error).__name__)
-            await asyncio.sleep(max(0.0, poll - (time.monotonic() - started)))
 
-
-async def _run(base: str, api_key: str, args, web_pid: int) -> dict:
+async def _run(port: int, api_key: str, args, web_pid: int) -> dict:
     """Warm up for 10 s, then measure for --seconds: the pops' latencies and the CPU used."""
     warm_until = time.monotonic() + 10 + args.workers / 100  # starting the clients takes a while
     stops = [warm_until, warm_until + args.seconds]
     records = [{"latencies": [], "failures": []}, {"latencies": [], "failures": []}]
     polls = [
-        asyncio.create_task(_worker(base, api_key, i, args.poll_seconds, stops, records))
+        asyncio.create_task(_worker(port, api_key, i, args.poll_seconds, stops, records))
         for i in range(args.workers)
     ]
     await asyncio.sleep(max(0.0, warm_until - time.monotonic()))
@@ -142,7 +142,7 @@ def main() -> None:
     port = free_port()
     web = start_web(port, args.web_workers, ENV)
     try:
-        run = asyncio.run(_run(f"http://127.0.0.1:{port}", api_key, args, web.pid))
+        run = asyncio.run(_run(port, api_key, args, web.pid))
     finally:
         web.terminate()
         web.wait(timeout=30)

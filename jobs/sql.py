@@ -165,7 +165,8 @@ def claim() -> str:
     first, for a request that names none). Columns the INSERT leaves out take their
     database defaults (the models' `db_default`, or NULL).
     """
-    # Whitespace folded: under 4 KiB, psycopg caches the statement's parsing.
+    # Whitespace folded: the statement psycopg parses and PostgreSQL receives is a third shorter
+    # (its parsing is cached: hordeops.db.base.STATEMENT_CACHE_BYTES).
     return _folded(f"""
         WITH picked AS ({pop()}),
         taken AS (

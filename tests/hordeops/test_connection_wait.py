@@ -115,3 +115,29 @@ def test_a_wait_that_finds_a_connection_in_time_is_served(make_caller, settings)
         pass
     status, _, body = _answer_in_a_thread(post)
     assert status == 202, body
+
+
+def test_a_pooled_connection_whose_backend_ended_is_told_from_a_live_one_without_a_query():
+    import psycopg
+
+    from hordeops.db.base import is_open
+
+    pool = connection.pool
+    pool.open()
+    conn = pool.getconn(timeout=5)
+    try:
+        assert is_open(conn)  # a live idle one
+        pid = conn.info.backend_pid
+        with psycopg.connect(conn.info.dsn, autocommit=True) as other:
+            assert other.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone() == (True,)
+        ended_by = time.monotonic() + 5
+        while is_open(conn) and time.monotonic() < ended_by:
+            time.sleep(0.01)
+        assert not is_open(conn)
+    finally:
+        conn.close()
+        pool.putconn(conn)
+    # The pool replaces it: the next request is served.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
