@@ -247,7 +247,7 @@ def main() -> None:
         figures[f"{queued}:{workers}"] = size
         print(f"flat_costs: {queued} queued, {workers} workers: {json.dumps(size)}", file=sys.stderr)
         if (queued, workers) == sizes[-1]:
-            for name in ("miss", "head"):
+            for name in ("miss", "head", "gated"):
                 plans.append(f"-- {name}, {queued} queued, {workers} workers\n{_explain(cases[name], now)}\n")
     smallest, largest = (f"{q}:{w}" for q, w in (sizes[0], sizes[-1]))
     ratios = {
