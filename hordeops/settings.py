@@ -233,6 +233,18 @@ INSTALLED_APPS = [
     "jobs",
 ]
 
+# A public horde's moderators are one password away from its accounts: Django's checks, with
+# a longer minimum than its default 8 (create_moderator and the admin's password forms).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": env_int("MODERATOR_PASSWORD_MIN_LENGTH", 12)},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "hordeops.api.BodyLimitMiddleware",

@@ -25,6 +25,21 @@ def create_account(*, name: str, trusted: bool = False) -> tuple[Account, str]:
     return account, api_key
 
 
+def create_moderator(*, name: str, password: str):
+    """A staff user in the Moderators group, its password checked by AUTH_PASSWORD_VALIDATORS
+    (ValidationError) and its name free (IntegrityError). The group is made if it is missing."""
+    from django.contrib.auth.models import Group, Permission, User
+    from django.contrib.auth.password_validation import validate_password
+
+    from workers.moderation import grant_moderators
+
+    validate_password(password, User(username=name))
+    with transaction.atomic():
+        user = User.objects.create_user(name, password=password, is_staff=True)
+        user.groups.add(grant_moderators(Group, Permission))
+    return user
+
+
 def authenticate(*, api_key: str | None) -> Account:
     # Every authenticated call runs this: raw SQL skips the ORM's compiling (half the CPU),
     # and, prepared, PostgreSQL's planning.
