@@ -89,7 +89,7 @@ def start_web(port: int, web_workers: int, env: dict[str, str], *, log=None) -> 
     no proxy trusted, every client is its peer; idle connections kept 75 s), once its heartbeat
     answers."""
     server = subprocess.Popen(
-        [str(VENV / "gunicorn"), "hordeops.asgi:application", "-k", "uvicorn.workers.UvicornWorker",
+        [str(VENV / "gunicorn"), "hordeops.asgi:application", "-k", "hordeops.web_worker.QuietUvicornWorker",
          "-w", str(web_workers), "-b", f"127.0.0.1:{port}", "--log-level", "warning",
          "--forwarded-allow-ips", "", "--keep-alive", "75"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,

@@ -359,8 +359,15 @@ LOGGING = {
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
+    "filters": {
+        "expected_outcomes": {"()": "hordeops.logs.ExpectedOutcomes"},
+    },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "loggers": {
+        # Propagated to the root's handler; the filter runs before it.
+        "django.request": {"filters": ["expected_outcomes"]},
     },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
