@@ -119,6 +119,11 @@ class TextRequest(models.Model):
     def is_done(self) -> bool:
         return self.state != self.State.ACTIVE
 
+    def is_past_expiry(self, now: datetime) -> bool:
+        """Still active, though past its lifetime or deadline: expired by the next stale pass,
+        or at once by whoever reads it (`jobs.services.endings.current_request`)."""
+        return self.state == self.State.ACTIVE and self.expires_at <= now
+
     # A generation's output may be this many UTF-8 bytes per requested token, plus the
     # allowance: room for any tokenizer (English runs about 4 bytes a token, CJK 3 to 6), and
     # a bound on what one worker can make the horde relay and store (docs/reference/operations.md).

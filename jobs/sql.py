@@ -327,23 +327,29 @@ _EXPIRY_REASON = (
 )
 
 
+# `one`: the statement for one request (`request_id`), as the status and a cancellation make
+# it final the moment it passes its lifetime or deadline; else for every request (the pass).
+def _which(one: bool) -> str:
+    return " AND r.id = %(request_id)s" if one else ""
+
+
 @cache
-def ending_generations() -> str:
+def ending_generations(one: bool = False) -> str:
     """Running generations of requests past their lifetime or deadline, locked, with why."""
     return f"""
         SELECT g.id, {_EXPIRY_REASON} FROM {GENERATIONS} AS g
         JOIN {REQUESTS} AS r ON g.request_id = r.id
-        WHERE g.state = '{PROCESSING}' AND r.state = '{ACTIVE}' AND r.expires_at <= %(now)s
+        WHERE g.state = '{PROCESSING}' AND r.state = '{ACTIVE}' AND r.expires_at <= %(now)s{_which(one)}
         FOR UPDATE OF g
         """
 
 
 @cache
-def expire_requests() -> str:
+def expire_requests(one: bool = False) -> str:
     """Expire the requests past their lifetime or deadline; returns (id, kind, why)."""
     return f"""
         UPDATE {REQUESTS} AS r SET state = '{EXPIRED}', queued = 0
-        WHERE r.state = '{ACTIVE}' AND r.expires_at <= %(now)s
+        WHERE r.state = '{ACTIVE}' AND r.expires_at <= %(now)s{_which(one)}
         RETURNING r.id, r.kind, {_EXPIRY_REASON}
         """
 

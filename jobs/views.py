@@ -100,19 +100,15 @@ REQUEST_ID = OpenApiParameter("request_id", OpenApiTypes.UUID, OpenApiParameter.
 
 
 class TextStatusView(APIView):
-    def _get_request(self, request_id: str) -> TextRequest:
-        text_request = TextRequest.objects.filter(pk=_request_id(request_id)).first()
-        if text_request is None:
-            raise errors.RequestNotFound()
-        return text_request
-
     @extend_schema(
         operation_id="text_status",
         parameters=[REQUEST_ID],
         responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput},
     )
     def get(self, request: Request, request_id: str) -> Response:
-        return Response(request_status(self._get_request(request_id), now=clock.now()))
+        now = clock.now()
+        text_request = services.current_request(request_id=_request_id(request_id), now=now)
+        return Response(request_status(text_request, now=now))
 
     @extend_schema(
         operation_id="text_cancel",
@@ -120,8 +116,9 @@ class TextStatusView(APIView):
         responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput},
     )
     def delete(self, request: Request, request_id: str) -> Response:
-        text_request = services.cancel_request(request_id=_request_id(request_id))
-        return Response(request_status(text_request, now=clock.now()))
+        now = clock.now()
+        text_request = services.cancel_request(request_id=_request_id(request_id), now=now)
+        return Response(request_status(text_request, now=now))
 
 
 # The payload keys the AI Horde's pop always carries, with its defaults, when the request did

@@ -10,7 +10,7 @@ unless given. One module per thing the flow does:
 - `posts`: what progress and submit share (whose generation, why refused)
 """
 
-from jobs.services.endings import cancel_deferred, cancel_request, defer_cancellations
+from jobs.services.endings import cancel_deferred, cancel_request, current_request, defer_cancellations
 from jobs.services.pop import EmptyPop, PoppedJob, pop_generation, pop_params
 from jobs.services.progress import ProgressResult, record_progress
 from jobs.services.requests import (
@@ -32,6 +32,7 @@ __all__ = [
     "abort_stale_generations",
     "cancel_deferred",
     "cancel_request",
+    "current_request",
     "defer_cancellations",
     "commit_stream",
     "create_chat_request",

@@ -27,13 +27,19 @@ def cancel_request(
 
     `reason` is what a waiting requester and the settlement record are told: "cancelled"
     (by the requester) or "generation_deadline_exceeded". Nothing restarts a cancelled job.
+    A requester's cancellation of a request already past its lifetime or deadline expires it
+    instead, as the stale pass would have: its ending was the deadline's, not the requester's.
     """
     now = now or clock.now()
     with transaction.atomic():
         request = TextRequest.objects.select_for_update().filter(pk=request_id).first()
         if request is None:
             raise errors.RequestNotFound()
-        if request.state == TextRequest.State.ACTIVE:
+        if reason == "cancelled" and request.is_past_expiry(now):
+            with connection.cursor() as cursor:
+                expire_past(cursor, now=now, request_id=request.pk)
+            request.refresh_from_db()
+        elif request.state == TextRequest.State.ACTIVE:
             request.state = TextRequest.State.CANCELLED
             request.queued = 0
             request.save(update_fields=["state", "queued"])
@@ -43,6 +49,41 @@ def cancel_request(
             # Robust: with Redis down the cancellation still commits; the leases then expire.
             transaction.on_commit(lambda: _end_streams(failures, running), robust=True)
     return request
+
+
+def current_request(*, request_id: UUID, now: datetime | None = None) -> TextRequest:
+    """The request as it stands now: one past its lifetime or deadline is expired on the spot
+    (what the next stale pass would do), so that its status is final the moment it passes."""
+    now = now or clock.now()
+    request = TextRequest.objects.filter(pk=request_id).first()
+    if request is None:
+        raise errors.RequestNotFound()
+    if request.is_past_expiry(now):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                expire_past(cursor, now=now, request_id=request.pk)
+        request.refresh_from_db()
+    return request
+
+
+def expire_past(cursor, *, now: datetime, request_id: UUID | None = None) -> tuple[list[UUID], list[UUID]]:
+    """Expire the active requests past their lifetime or deadline (every one, or `request_id`'s),
+    cancelling their running generations with the reason; their streams are ended once the
+    caller's transaction commits. Returns the expired requests and the cancelled generations.
+    Nothing restarts them."""
+    params = {"now": now, "request_id": request_id}
+    one = request_id is not None
+    cursor.execute(sql.ending_generations(one), params)
+    ending = cursor.fetchall()
+    for why in {why for _, why in ending}:
+        _cancel_generations([g for g, w in ending if w == why], why, now)
+    cancelled = [generation_id for generation_id, _ in ending]
+    cursor.execute(sql.expire_requests(one), params)
+    expired = cursor.fetchall()
+    chats = [(expired_id, why) for expired_id, kind, why in expired if kind == TextRequest.Kind.CHAT]
+    # robust: the expiry has committed; Redis failing now must not make it look undone.
+    transaction.on_commit(lambda: _end_streams(chats, cancelled), robust=True)
+    return [expired_id for expired_id, _, _ in expired], cancelled
 
 
 # Cancellations the database could not take when they were made (it was down), by request

@@ -10,14 +10,12 @@ from django.db import connection, transaction
 
 from hordeops import clock, metrics
 from jobs import sql
-from jobs.models import TextRequest
 from jobs.services.endings import (
-    _cancel_generations,
     _count_stale_aborts,
-    _end_streams,
     _relay_restarts,
     _restart_requests,
     cancel_deferred,
+    expire_past,
 )
 from workers.services import count_aborts
 
@@ -55,23 +53,12 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
             if not cursor.fetchone()[0]:
                 return StalePassResult(ran=False)
         with connection.cursor() as cursor:
-            # Requests past their lifetime or deadline: cancel their running generations,
-            # then expire them. Nothing restarts them.
-            cursor.execute(sql.ending_generations(), {"now": now})
-            ending = cursor.fetchall()
-            for why in {why for _, why in ending}:
-                _cancel_generations([g for g, w in ending if w == why], why, now)
-            cancelled = [generation_id for generation_id, _ in ending]
-            cursor.execute(sql.expire_requests(), {"now": now})
-            expired = cursor.fetchall()
+            # Requests past their lifetime or deadline first: nothing restarts their jobs.
+            expired, cancelled = expire_past(cursor, now=now)
+            result.expired_requests, result.cancelled_by_expiry = len(expired), len(cancelled)
             # The lapse test, in the UPDATE's own WHERE (see sql.abort_lapsed).
             cursor.execute(sql.abort_lapsed(), {"now": now})
             rows = cursor.fetchall()
-        result.cancelled_by_expiry = len(cancelled)
-        result.expired_requests = len(expired)
-        expired_chats = [
-            (request_id, why) for request_id, kind, why in expired if kind == TextRequest.Kind.CHAT
-        ]
         result.aborted = len(rows)
         outcomes: list[tuple[UUID, str, bool]] = []
         if rows:
@@ -82,7 +69,6 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
 
         def after_commit() -> None:
             _count_stale_aborts(by_trust, now)
-            _end_streams(expired_chats, cancelled)
             _relay_restarts(outcomes, aborted)
 
         # robust: the pass has committed; Redis failing now must not make it look undone.

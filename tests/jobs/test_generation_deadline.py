@@ -982,6 +982,54 @@ def test_a_text_request_with_a_deadline_expires_at_it_and_its_generation_is_canc
     assert owner.pop("w", chat=True).json()["id"] is None
 
 
+def test_a_request_past_its_deadline_is_final_at_once_without_waiting_for_the_stale_pass(
+    requester, owner, time_machine
+):
+    owner.pop("w", chat=True)
+    running = TextRequest.objects.get(pk=_text_request(requester, "60000").json()["id"])
+    waiting = TextRequest.objects.get(pk=_text_request(requester, "60000").json()["id"])
+    job = owner.pop("w", chat=True).json()
+    assert job["id"] and Generation.objects.get(pk=job["id"]).request_id == running.pk
+    time_machine.move_to(waiting.deadline_at + timedelta(milliseconds=1), tick=False)
+    # No stale pass has run: the status alone makes both final, as the pass would have.
+    for text_request in (running, waiting):
+        status = requester.status(str(text_request.id)).json()
+        assert (status["done"], status["faulted"], status["waiting"], status["processing"]) == (
+            True,
+            True,
+            0,
+            0,
+        )
+        assert (status["queue_position"], status["wait_time"]) == (0, 0)
+        text_request.refresh_from_db()
+        assert text_request.state == TextRequest.State.EXPIRED
+    generation = Generation.objects.get(pk=job["id"])
+    assert generation.state == Generation.State.CANCELLED
+    assert generation.settlement_information["reason"] == "generation_deadline_exceeded"
+    assert owner.submit(job["id"], "late").json()["rc"] == "GenerationCancelled"
+    assert services.abort_stale_generations().expired_requests == 0  # nothing left for it
+
+
+def test_a_delete_past_the_deadline_records_the_deadlines_ending_not_a_cancellation(
+    requester, owner, time_machine
+):
+    owner.pop("w", chat=True)
+    text_request = TextRequest.objects.get(pk=_text_request(requester, "60000").json()["id"])
+    job = owner.pop("w", chat=True).json()
+    time_machine.move_to(text_request.deadline_at + timedelta(milliseconds=1), tick=False)
+    answer = requester.client.delete(f"/api/v2/generate/text/status/{text_request.id}")
+    assert answer.status_code == 200 and answer.json()["faulted"] is True
+    text_request.refresh_from_db()
+    assert text_request.state == TextRequest.State.EXPIRED
+    reason = Generation.objects.get(pk=job["id"]).settlement_information["reason"]
+    assert reason == "generation_deadline_exceeded"
+    # Before its deadline, a DELETE is the requester's cancellation, as ever.
+    before = TextRequest.objects.get(pk=_text_request(requester, "60000").json()["id"])
+    requester.client.delete(f"/api/v2/generate/text/status/{before.id}")
+    before.refresh_from_db()
+    assert before.state == TextRequest.State.CANCELLED
+
+
 def test_a_chat_workers_submit_after_the_deadline_but_before_the_pass_is_refused_as_cancelled(
     requester, owner, time_machine
 ):
