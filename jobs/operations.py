@@ -12,6 +12,7 @@ from django.db.models import Count, Sum
 
 from hordeops import metrics
 from jobs.models import Generation, TextRequest
+from workers.metrics import capacity_limited_online
 from workers.models import Worker
 
 MINUTES = 60
@@ -79,6 +80,7 @@ class Operations:
     lapsed: int
     queue: list[QueueDepth]
     workers_online: int
+    capacity_limited_online: int
     series: list[Series]
     counting_since: datetime  # when Redis's totals started: a Redis restart starts them again
 
@@ -122,6 +124,7 @@ def snapshot(*, now: datetime) -> Operations:
             for kind, label in TextRequest.Kind.choices
         ],
         workers_online=Worker.objects.online(now).count(),
+        capacity_limited_online=capacity_limited_online(now=now),
         series=[
             _series("Lease renewals granted", metrics.LEASE_RENEWALS, counts, outcome="granted"),
             _series("Progress held at the cap", metrics.LEASE_RENEWALS, counts, outcome="at_cap"),

@@ -56,6 +56,19 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         self._set_trust(request, queryset, False)
 
 
+class CapacityFilter(admin.SimpleListFilter):
+    title = "capacity"
+    parameter_name = "capacity"
+
+    def lookups(self, request, model_admin):
+        return (("limited", "Below its max_length (capacity-limited)"),)
+
+    def queryset(self, request, queryset):
+        if self.value() == "limited":
+            return queryset.capacity_limited()
+        return queryset
+
+
 @admin.register(Worker)
 class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     list_display = (
@@ -69,7 +82,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "maintenance",
         "aborts_last_hour",
     )
-    list_filter = ("maintenance", "chat")
+    list_filter = ("maintenance", "chat", CapacityFilter)
     list_select_related = ("account",)
     search_fields = ("name",)
     fields = (

@@ -7,11 +7,12 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import Q
+from django.db.models import ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from hordeops.keys import ANONYMOUS_API_KEY
-from workers.capacity import capacity, online_since
+from workers.capacity import capacity, lease_window_seconds, online_since
 
 ANONYMOUS_NAME = "Anonymous"
 
@@ -80,6 +81,20 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
     def online_chat(self, now: datetime) -> "WorkerQuerySet":
         """Online workers that serve chat jobs: the ones behind the `/v1` routes' models."""
         return self.online(now).filter(chat=True)
+
+    def capacity_limited(self) -> "WorkerQuerySet":
+        """Chat workers whose capacity is below the max_length they declare (`Worker.capacity_limited`,
+        in SQL: the capacity's speed x window is below max_length exactly when its whole tokens are)."""
+        speed = Coalesce(F("speed"), Value(float(settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND)))
+        return (
+            self.filter(chat=True)
+            .alias(
+                window_tokens=ExpressionWrapper(
+                    speed * lease_window_seconds(), output_field=models.FloatField()
+                )
+            )
+            .filter(window_tokens__lt=F("max_length"))
+        )
 
     def chat_models(self, now: datetime) -> dict[str, datetime]:
         """The models online chat workers serve now, sorted, each with when the first of those

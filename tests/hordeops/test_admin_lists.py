@@ -12,11 +12,12 @@ from bench.fill import fill
 # joined) and the filters' own; the operations page's counts and the admin index.
 PAGES = {
     "/admin/": 5,
-    "/admin/operations/": 8,
+    "/admin/operations/": 9,
     "/admin/workers/account/": 6,
     "/admin/workers/account/?trusted__exact=1": 6,
     "/admin/workers/worker/": 6,
     "/admin/workers/worker/?maintenance__exact=1": 6,
+    "/admin/workers/worker/?capacity=limited": 6,
     "/admin/jobs/textrequest/": 6,
     "/admin/jobs/textrequest/?kind__exact=chat&state__exact=active": 6,
     "/admin/jobs/generation/": 7,

@@ -24,6 +24,7 @@ def test_every_metric_the_dashboard_queries_is_on_the_scrape(db):
     }
     assert {"horde_text_lease_renewals_total", "horde_text_stale_aborts_total"} <= queried
     assert "horde_pop_lease_capacity_limited_total" in queried
+    assert "horde_workers_capacity_limited_online" in queried
     assert queried - exported == set()
 
 

@@ -50,3 +50,19 @@ def test_totals_that_redis_lost_say_since_when_they_count(db):
     samples = scrape()
     assert samples[key] > first  # the scrape says the totals started again
     assert samples[("horde_text_stale_aborts_total", (("trust", "trusted"),))] == 0
+
+
+def test_the_capacity_limited_gauge_counts_such_workers_online_now_not_their_polls(db, owner, time_machine):
+    time_machine.move_to(timezone.now(), tick=False)
+    declared = {"chat": True, "max_length": 16384, "max_context_length": 32768}  # unmeasured: 1,200
+    counter = ("horde_pop_lease_capacity_limited_total", ())
+    gauge = ("horde_workers_capacity_limited_online", ())
+    before = scrape()[counter]
+    for _ in range(5):
+        owner.pop("slow-chat", **declared)
+    owner.pop("fits", chat=True, max_length=1200)  # capacity 1,200 covers it
+    owner.pop("text-only", max_length=16384)  # no chat: no capacity to fall short of
+    samples = scrape()
+    assert (samples[counter] - before, samples[gauge]) == (5, 1)
+    time_machine.shift(301)  # past WORKER_ONLINE_SECONDS: no longer online
+    assert scrape()[gauge] == 0

@@ -52,6 +52,7 @@ def test_the_page_shows_processing_lapsed_queue_depth_and_the_last_hour(
     assert shown["Lease renewals granted"] == 1
     assert shown["Stale aborts"] == 0
     assert shown["Capacity-limited pops"] == 2
+    assert (shown["workers"], shown["limited"]) == (2, 1)  # the chat worker, now: not its pops
 
     with django_capture_on_commit_callbacks(execute=True):  # the pass counts after its commit
         abort_stale_generations(now=page.context["operations"].now)
