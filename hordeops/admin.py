@@ -1,11 +1,16 @@
+import logging
+
 from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from hordeops import clock
+from hordeops import clock, logins
 from jobs import operations
+
+logger = logging.getLogger(__name__)
 
 
 class HordeAdminSite(admin.AdminSite):
@@ -13,6 +18,27 @@ class HordeAdminSite(admin.AdminSite):
     site_title = "hordeops"
     index_title = "Moderation and operations"
     index_template = "admin/hordeops/index.html"
+
+    def login(self, request: HttpRequest, extra_context=None):
+        """Django's admin login, refused (429, the form and why) past the failed-login bounds,
+        before the password is checked (`hordeops.logins`)."""
+        if request.method == "POST":
+            locked = logins.lockout(request=request, username=request.POST.get("username", ""))
+            if locked is not None:
+                logger.warning("admin login refused: %s locked for %d s", locked.what, locked.seconds)
+                minutes = -(-locked.seconds // 60)
+                context = {
+                    **self.each_context(request),
+                    "title": "Log in",
+                    "form": AdminAuthenticationForm(request),
+                    "login_refused": (
+                        f"Too many failed logins from this {locked.what}:"
+                        f" try again in {minutes} minute{'s' if minutes != 1 else ''}."
+                    ),
+                    **(extra_context or {}),
+                }
+                return TemplateResponse(request, "admin/login.html", context, status=429)
+        return super().login(request, extra_context)
 
     def get_urls(self):
         return [

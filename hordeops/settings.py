@@ -202,6 +202,11 @@ KEY_RATE_PER_SECOND = env_int("KEY_RATE_PER_SECOND", 10)
 KEY_RATE_BURST = env_int("KEY_RATE_BURST", 30)
 ADDRESS_RATE_PER_SECOND = env_int("ADDRESS_RATE_PER_SECOND", 20)
 ADDRESS_RATE_BURST = env_int("ADDRESS_RATE_BURST", 60)
+# Failed admin logins (hordeops/logins.py): after this many in a window, from one address or for
+# one user name, the admin refuses logins from it, or for it, until the window ends.
+ADMIN_LOGIN_FAILURES_PER_USER = env_int("ADMIN_LOGIN_FAILURES_PER_USER", 5)
+ADMIN_LOGIN_FAILURES_PER_ADDRESS = env_int("ADMIN_LOGIN_FAILURES_PER_ADDRESS", 20)
+ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 # Proxies whose X-Forwarded-For names the client (empty: the connection's peer is the client).
 TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")

@@ -32,6 +32,17 @@ def _no_cached_discovery() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_login_failures() -> None:
+    # Failed admin logins count in Redis for 15 minutes (hordeops/logins.py): each test starts
+    # with none of another's.
+    from hordeops import logins
+
+    client = cache.client.get_client(write=True)
+    for key in client.scan_iter(match=logins.KEY_PREFIX + "*"):
+        client.delete(key)
+
+
+@pytest.fixture(autouse=True)
 def _no_rate_limits(settings) -> None:
     # Tests send far more requests from 127.0.0.1 than one client may; the rate limits' own
     # tests (tests/hordeops/test_rate_limits.py) turn them back on.

@@ -1,0 +1,88 @@
+"""Failed admin logins are bounded per user name and per client address, logged, and can be
+unlocked: a moderator's password cannot be tried without end."""
+
+import logging
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+
+LOGIN = "/admin/login/?next=/admin/"
+PASSWORD = "the right horde passphrase"
+
+
+@pytest.fixture
+def moderator_user(db, settings):
+    settings.ADMIN_LOGIN_FAILURES_PER_USER = 3
+    settings.ADMIN_LOGIN_FAILURES_PER_ADDRESS = 5
+    return User.objects.create_user("mia", password=PASSWORD, is_staff=True)
+
+
+def _login(username: str, password: str, address: str = "203.0.113.7"):
+    client = Client(REMOTE_ADDR=address)
+    return client, client.post(LOGIN, {"username": username, "password": password})
+
+
+def _logged_in(client) -> bool:
+    return client.get("/admin/").status_code == 200
+
+
+def test_past_the_bound_for_a_user_even_the_right_password_is_refused_until_unlocked(moderator_user):
+    for _ in range(3):
+        _, answer = _login("mia", "wrong")
+        assert answer.status_code == 200  # the form again, with Django's error
+    client, answer = _login("mia", PASSWORD, address="198.51.100.9")  # another address: the name is locked
+    assert answer.status_code == 429
+    assert "Too many failed logins from this user" in answer.content.decode()
+    assert not _logged_in(client)
+    out = StringIO()
+    call_command("unlock_logins", "--user", "mia", stdout=out)
+    assert "Cleared 1" in out.getvalue()
+    client, answer = _login("mia", PASSWORD)
+    assert answer.status_code == 302 and _logged_in(client)
+
+
+def test_past_the_bound_for_an_address_every_name_is_refused_from_it(moderator_user):
+    for name in ("a", "b", "c", "d", "e"):
+        _login(name, "wrong")
+    client, answer = _login("mia", PASSWORD)
+    assert answer.status_code == 429 and "from this address" in answer.content.decode()
+    assert not _logged_in(client)
+    client, answer = _login("mia", PASSWORD, address="198.51.100.9")  # elsewhere: served
+    assert answer.status_code == 302 and _logged_in(client)
+    call_command("unlock_logins", "--address", "203.0.113.7", stdout=StringIO())
+    assert _login("mia", PASSWORD)[1].status_code == 302
+
+
+def test_a_successful_login_clears_its_names_count(moderator_user):
+    for _ in range(2):
+        _login("mia", "wrong")
+    assert _login("mia", PASSWORD)[1].status_code == 302
+    for _ in range(2):
+        _login("mia", "wrong")
+    assert _login("mia", PASSWORD)[1].status_code == 302  # 2 + 2 failures, never 3 in a row
+
+
+def test_the_lockout_lasts_the_window_from_the_first_failure(moderator_user, settings):
+    from django_redis import get_redis_connection
+
+    from hordeops import logins
+
+    settings.ADMIN_LOGIN_WINDOW_SECONDS = 600
+    _login("mia", "wrong")
+    keys = logins._keys("203.0.113.7", "mia")
+    redis = get_redis_connection("default")
+    assert 590 <= redis.ttl(keys["user"]) <= 600 and 590 <= redis.ttl(keys["address"]) <= 600
+    redis.expire(keys["user"], 100)
+    _login("mia", "wrong")  # a later failure does not extend the window
+    assert redis.ttl(keys["user"]) <= 100
+
+
+def test_failures_are_logged_with_the_name_and_address_never_the_password(moderator_user, caplog):
+    caplog.set_level(logging.INFO)
+    _login("mia", "my-secret-guess")
+    failed = [r.getMessage() for r in caplog.records if r.name == "hordeops.logins"]
+    assert failed == ["admin login failed for user 'mia' from 203.0.113.7"]
+    assert not any("my-secret-guess" in r.getMessage() for r in caplog.records)
