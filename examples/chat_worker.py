@@ -262,10 +262,20 @@ class ChatWorker:
             lease.get("cap_seconds"),
         )
         started = time.monotonic()
+        # The requester's remaining budget at the pop, when it set a deadline: past it, the
+        # requester has had its answer (a 504 or an error event) and the horde refuses this
+        # job's posts, so generating on is wasted work. Counted on this machine's own clock
+        # from the pop's answer: no clock is shared with the horde.
+        deadline = started + job["deadline_ms"] / 1000 if job.get("deadline_ms") is not None else None
         progress = Progress(self.horde, job_id, every_words=self.args.progress_every)
         pieces: list[str] = []
         try:
             for piece in fake_llm(job, word_delay=self.args.word_delay):
+                if deadline is not None and time.monotonic() >= deadline:
+                    log.warning(
+                        "job %s: stopped at its deadline (%d ms from the pop)", job_id, job["deadline_ms"]
+                    )
+                    return False
                 pieces.append(piece)
                 if kind == "chat":
                     progress.add(piece)

@@ -142,6 +142,35 @@ def test_example_worker_stops_when_the_requester_cancels(live_server) -> None:
     assert generation.text is None  # it stopped instead of submitting
 
 
+@pytest.mark.django_db(transaction=True)
+def test_example_worker_stops_at_the_pops_deadline_before_the_horde_refuses_it(live_server) -> None:
+    from datetime import timedelta
+
+    from hordeops import clock
+
+    _, worker_key = create_account(name="example-owner")
+    text_request = _queue_chat(live_server.url, worker_key)
+    # A deadline 1.5 s out: the canned reply at 0.2 s a word takes about 10 s.
+    TextRequest.objects.filter(pk=text_request.pk).update(
+        deadline_at=clock.now() + timedelta(milliseconds=1500),
+        expires_at=clock.now() + timedelta(milliseconds=1500),
+    )
+    started = time.monotonic()
+    run = subprocess.run(
+        [str(PYTHON), str(EXAMPLE), *_worker_args(live_server.url, worker_key, "--word-delay", "0.2")],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_SECONDS,
+    )
+    seconds = time.monotonic() - started
+    assert run.returncode == 1, run.stderr
+    assert "stopped at its deadline" in run.stderr
+    assert "GenerationCancelled" not in run.stderr  # it stopped first; nothing was refused
+    assert seconds < 1.5 + 2  # the pop, then one word's delay past the deadline at most
+    generation = Generation.objects.get(request=text_request)
+    assert generation.text is None and generation.state == Generation.State.PROCESSING
+
+
 class LoseFirstAnswers(httpx.BaseTransport):
     """Deliver every progress post, but lose the answer to its first attempt."""
 
