@@ -14,6 +14,8 @@ logger = logging.getLogger(__name__)
 
 
 class HordeAdminSite(admin.AdminSite):
+    # No "View site": hordeops has no site beside its API and this admin.
+    site_url = None
     site_header = "hordeops moderation"
     site_title = "hordeops"
     index_title = "Moderation and operations"

@@ -2,6 +2,7 @@ from datetime import UTC, datetime
 
 from django.contrib import admin
 from django.db.models import F
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -52,28 +53,141 @@ class CapacityFilter(admin.SimpleListFilter):
         return queryset
 
 
+def _full_moment(when: datetime | None) -> str:
+    return "-" if when is None else when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _short_id(pk) -> str:
+    """The first 8 characters, the whole id on hover (and on the detail page)."""
+    return format_html('<span title="{}">{}</span>', pk, str(pk)[:8])
+
+
+class GenerationInline(admin.TabularInline):
+    """A request's generations on its page: who had each, its lease and how it ended."""
+
+    model = Generation
+    fields = ("generation", "state", "worker", "model", "popped", "lease_end", "outcome")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="generation")
+    def generation(self, generation: Generation) -> str:
+        url = reverse("admin:jobs_generation_change", args=[generation.pk])
+        return format_html('<a href="{}" title="{}">{}</a>', url, generation.pk, str(generation.pk)[:8])
+
+    @admin.display(description="popped")
+    def popped(self, generation: Generation) -> str:
+        return _full_moment(generation.popped_at)
+
+    @admin.display(description="lease end")
+    def lease_end(self, generation: Generation) -> str:
+        return _full_moment(generation.lease_expires_at)
+
+    @admin.display(description="outcome")
+    def outcome(self, generation: Generation) -> str:
+        return _outcome(generation)
+
+
+def _outcome(generation: Generation) -> str:
+    """How a generation ended, in words: its result, or the reason it was cancelled."""
+    if generation.state == Generation.State.PROCESSING:
+        return "-"
+    reason = (generation.settlement_information or {}).get("reason")
+    if reason:
+        return f"{generation.get_state_display()}: {reason}"
+    if generation.result:
+        return f"{generation.get_state_display()} ({generation.get_result_display()})"
+    return generation.get_state_display()
+
+
 @admin.register(TextRequest)
 class TextRequestAdmin(admin.ModelAdmin):
     list_display = (
-        "id",
+        "short_id",
         "kind",
         "state",
+        "ending",
+        "models",
         "account",
         "max_length",
         "n",
         "queued",
         "finished",
         "restarts",
-        "created_at",
+        "created",
     )
-    list_filter = ("kind", "state")
+    list_filter = ("kind", "state", "ending")
     list_select_related = ("account",)
     search_fields = ("=id",)
     # The prompt and messages are the requester's text: not shown to moderators.
     exclude = ("prompt", "messages")
-    readonly_fields = ("stream_generation", "deadline_at", "expires_at", "created_at")
+    readonly_fields = (
+        "id",
+        "ending",
+        "stream_generation",
+        "created_full",
+        "expires",
+        "deadline",
+    )
+    fields = (
+        "id",
+        "account",
+        "kind",
+        "state",
+        "ending",
+        "requested_models",
+        "params",
+        "max_length",
+        "max_context_length",
+        "allowed_workers",
+        "trusted_workers",
+        "slow_workers",
+        "priority",
+        "fair_rank",
+        "n",
+        "queued",
+        "finished",
+        "restarts",
+        "stream_generation",
+        "created_full",
+        "expires",
+        "deadline",
+    )
     raw_id_fields = ("account",)
+    inlines = (GenerationInline,)
     show_full_result_count = False
+
+    @admin.display(description="id", ordering="id")
+    def short_id(self, text_request: TextRequest) -> str:
+        return _short_id(text_request.pk)
+
+    @admin.display(description="models")
+    def models(self, text_request: TextRequest) -> str:
+        return ", ".join(text_request.requested_models) or "(any)"
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created(self, text_request: TextRequest) -> str:
+        return _moment(text_request.created_at)
+
+    @admin.display(description="created")
+    def created_full(self, text_request: TextRequest) -> str:
+        return _full_moment(text_request.created_at)
+
+    @admin.display(description="expires")
+    def expires(self, text_request: TextRequest) -> str:
+        return _full_moment(text_request.expires_at)
+
+    @admin.display(description="deadline")
+    def deadline(self, text_request: TextRequest) -> str:
+        return _full_moment(text_request.deadline_at)
 
 
 @admin.register(Generation)
@@ -96,11 +210,31 @@ class GenerationAdmin(admin.ModelAdmin):
     list_filter = (LeaseFilter, CapacityFilter, "state", "fallback_tier", "trusted_at_pop")
     list_select_related = ("worker",)
     search_fields = ("=id",)
-    # The response text is the requester's: not shown. Settlement information is read-only.
+    # The response text is the requester's: not shown. Everything is read-only; times to the
+    # second, the lease as its end (not the raw `job_ttl`), settlement information in words.
     exclude = ("text",)
-    readonly_fields = tuple(
-        f.name for f in Generation._meta.get_fields() if f.concrete and f.name not in ("text",)
+    fields = (
+        "id",
+        "request",
+        "worker",
+        "model",
+        "state",
+        "outcome",
+        "popped_at_full",
+        "lease_end_full",
+        "cap_seconds",
+        "renewals",
+        "trusted_at_pop",
+        "capacity_at_pop",
+        "fallback_tier",
+        "capacity_limited",
+        "tokens_shown",
+        "reward",
+        "finished_at_full",
+        "seed",
+        "settlement",
     )
+    readonly_fields = fields
     show_full_result_count = False
 
     class Media:
@@ -115,7 +249,42 @@ class GenerationAdmin(admin.ModelAdmin):
 
     @admin.display(description="id", ordering="id")
     def short_id(self, generation: Generation) -> str:
-        return str(generation.id)[:8]
+        return _short_id(generation.pk)
+
+    @admin.display(description="outcome")
+    def outcome(self, generation: Generation) -> str:
+        return _outcome(generation)
+
+    @admin.display(description="popped")
+    def popped_at_full(self, generation: Generation) -> str:
+        return _full_moment(generation.popped_at)
+
+    @admin.display(description="lease end")
+    def lease_end_full(self, generation: Generation) -> str:
+        return _full_moment(generation.lease_expires_at)
+
+    @admin.display(description="finished")
+    def finished_at_full(self, generation: Generation) -> str:
+        return _full_moment(generation.finished_at)
+
+    @admin.display(description="tokens")
+    def tokens_shown(self, generation: Generation) -> str:
+        if generation.tokens is not None:
+            return str(generation.tokens)
+        relayed = (generation.settlement_information or {}).get("tokens_relayed")
+        return f"{relayed} relayed, not confirmed" if relayed is not None else "-"
+
+    @admin.display(description="settlement information")
+    def settlement(self, generation: Generation) -> str:
+        info = generation.settlement_information
+        if not info:
+            return "-"
+        usage = "confirmed" if info.get("usage") == "confirmed" else "unknown (no final count)"
+        reservation = info.get("reservation") or "none"
+        return (
+            f"reason: {info.get('reason', '-')}; usage: {usage}; "
+            f"tokens relayed: {info.get('tokens_relayed', '-')}; reservation: {reservation}"
+        )
 
     @admin.display(description="popped (UTC)", ordering="popped_at")
     def popped(self, generation: Generation) -> str:

@@ -47,6 +47,17 @@ class TextRequest(models.Model):
         CANCELLED = "cancelled", "Cancelled"
         EXPIRED = "expired", "Expired"
 
+    class Ending(models.TextChoices):
+        """Why a request that did not finish ended (the settlement reasons, and the faults')."""
+
+        NONE = "", "-"
+        CANCELLED = "cancelled", "cancelled by its requester"
+        DEADLINE = "generation_deadline_exceeded", "its deadline ran out"
+        LIFETIME = "request_expired", "its lifetime ran out"
+        RESTARTS = "restarts_exhausted", "restarted too often"
+        AFTER_COMMIT = "lost_after_commit", "its job was lost after its stream was committed"
+        LEASE_LOST = "ServiceUnavailable", "Redis lost its lease and its requester was gone"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="requests")
     kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TEXT)
@@ -69,6 +80,7 @@ class TextRequest(models.Model):
     queued = models.PositiveSmallIntegerField(default=1)
     finished = models.PositiveSmallIntegerField(default=0)
     restarts = models.PositiveSmallIntegerField(default=0)
+    ending = models.CharField(max_length=40, choices=Ending.choices, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     # The generation whose output was committed to a streaming requester. Once set, an
@@ -80,6 +92,8 @@ class TextRequest(models.Model):
     objects = TextRequestQuerySet.as_manager()
 
     class Meta:
+        # The section holds chat requests too: "Requests", not "Text requests".
+        verbose_name = "request"
         ordering = ("-created_at",)
         indexes = [
             # The pop's filter and order: only requests with work to hand out.

@@ -27,6 +27,7 @@ TEXT = TextRequest.Kind.TEXT.value
 EXPIRED, FAULTED = TextRequest.State.EXPIRED.value, TextRequest.State.FAULTED.value
 PROCESSING, DONE = Generation.State.PROCESSING.value, Generation.State.DONE.value
 ABORTED, CANCELLED = Generation.State.ABORTED.value, Generation.State.CANCELLED.value
+ENDING = TextRequest.Ending
 
 
 # -- The pop ---------------------------------------------------------------------------------
@@ -308,7 +309,10 @@ def restart_requests() -> str:
         UPDATE {REQUESTS} AS r SET
           restarts = r.restarts + v.added,
           queued = CASE WHEN r.state = '{ACTIVE}' AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
-          state = CASE WHEN {fault} THEN '{FAULTED}' ELSE r.state END
+          state = CASE WHEN {fault} THEN '{FAULTED}' ELSE r.state END,
+          ending = CASE WHEN NOT ({fault}) THEN r.ending
+                        WHEN r.stream_generation IS NOT NULL THEN '{ENDING.AFTER_COMMIT.value}'
+                        ELSE '{ENDING.RESTARTS.value}' END
         FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
         WHERE r.id = v.id
         RETURNING r.id, r.state, r.stream_generation IS NOT NULL, r.kind
@@ -323,7 +327,7 @@ STALE_PASS_LOCK = "SELECT pg_try_advisory_xact_lock(%s)"
 # Why a request past its `expires_at` ended: its deadline, or its lifetime.
 _EXPIRY_REASON = (
     "CASE WHEN r.deadline_at IS NOT NULL AND r.deadline_at <= r.expires_at"
-    " THEN 'generation_deadline_exceeded' ELSE 'request_expired' END"
+    f" THEN '{ENDING.DEADLINE.value}' ELSE '{ENDING.LIFETIME.value}' END"
 )
 
 
@@ -348,7 +352,7 @@ def ending_generations(one: bool = False) -> str:
 def expire_requests(one: bool = False) -> str:
     """Expire the requests past their lifetime or deadline; returns (id, kind, why)."""
     return f"""
-        UPDATE {REQUESTS} AS r SET state = '{EXPIRED}', queued = 0
+        UPDATE {REQUESTS} AS r SET state = '{EXPIRED}', queued = 0, ending = {_EXPIRY_REASON}
         WHERE r.state = '{ACTIVE}' AND r.expires_at <= %(now)s{_which(one)}
         RETURNING r.id, r.kind, {_EXPIRY_REASON}
         """

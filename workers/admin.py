@@ -1,5 +1,8 @@
+from datetime import UTC
+
 from django.contrib import admin, messages
 from django.utils import timezone
+from django.utils.html import format_html
 
 from workers import services
 from workers.models import Account, Worker
@@ -74,13 +77,18 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     list_display = (
         "name",
         "account",
+        "models",
         "speed_shown",
         "capacity_shown",
-        "online",
-        "chat",
         "max_length",
+        "limited",
+        "chat",
+        "online",
+        "last_seen",
+        "jobs_done",
         "maintenance",
         "aborts_last_hour",
+        "agent",
     )
     list_filter = ("maintenance", "chat", CapacityFilter)
     list_select_related = ("account",)
@@ -89,6 +97,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "name",
         "account",
         "served_models",
+        "bridge_agent",
         "chat",
         "max_length",
         "max_context_length",
@@ -106,6 +115,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "last_pop_at",
     )
     readonly_fields = (
+        "bridge_agent",
         "speed",
         "completed_jobs",
         "tokens_generated",
@@ -123,11 +133,11 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     def has_add_permission(self, request) -> bool:
         return False
 
-    @admin.display(description="speed (tokens/s)", ordering="speed")
+    @admin.display(description="speed (t/s)", ordering="speed")
     def speed_shown(self, worker: Worker) -> str:
         return "unmeasured" if worker.speed is None else f"{worker.speed:.1f}"
 
-    @admin.display(description="chat capacity (tokens)")
+    @admin.display(description="capacity")
     def capacity_shown(self, worker: Worker) -> int:
         return worker.capacity
 
@@ -135,7 +145,37 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     def online(self, worker: Worker) -> bool:
         return worker.is_online(timezone.now())
 
-    @admin.display(description="aborts in the last hour")
+    @admin.display(description="jobs done", ordering="completed_jobs")
+    def jobs_done(self, worker: Worker) -> int:
+        return worker.completed_jobs
+
+    @admin.display(description="models")
+    def models(self, worker: Worker) -> str:
+        return ", ".join(worker.served_models) or "-"
+
+    @admin.display(description="limited", boolean=True)
+    def limited(self, worker: Worker) -> bool:
+        """Capacity-limited: a chat worker declaring more max_length than its capacity."""
+        return worker.capacity_limited
+
+    @admin.display(description="last seen (UTC)", ordering="last_pop_at")
+    def last_seen(self, worker: Worker) -> str:
+        return (
+            "-"
+            if worker.last_pop_at is None
+            else worker.last_pop_at.astimezone(UTC).strftime("%m-%d %H:%M:%S")
+        )
+
+    @admin.display(description="bridge agent", ordering="bridge_agent")
+    def agent(self, worker: Worker) -> str:
+        # name:version:url: the url is long and the same for most; whole on hover.
+        name, _, rest = worker.bridge_agent.partition(":")
+        version = rest.partition(":")[0]
+        return format_html(
+            '<span title="{}">{}</span>', worker.bridge_agent, f"{name}:{version}" if version else name
+        )
+
+    @admin.display(description="aborts (1 h)")
     def aborts_last_hour(self, worker: Worker) -> int:
         return worker.aborts_in_window(timezone.now())
 

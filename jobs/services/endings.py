@@ -42,7 +42,8 @@ def cancel_request(
         elif request.state == TextRequest.State.ACTIVE:
             request.state = TextRequest.State.CANCELLED
             request.queued = 0
-            request.save(update_fields=["state", "queued"])
+            request.ending = reason
+            request.save(update_fields=["state", "queued", "ending"])
             running = list(request.generations.processing().values_list("pk", flat=True))
             _cancel_generations(running, reason, now)
             failures = [(request.pk, reason)] if request.kind == TextRequest.Kind.CHAT else []

@@ -179,3 +179,74 @@ def test_the_operations_page_and_the_worker_list_render_in_the_browser(
 
     assert processing == 400 // 50
     assert renewal_bars >= 58  # one per busy minute (the current one may be busy too)
+
+
+# Every list a moderator reads, with the columns each must show, and each list's first detail.
+LISTS = {
+    "/admin/workers/account/": ["name", "trusted"],
+    "/admin/workers/worker/": ["models", "capacity", "limited", "last seen", "jobs done", "bridge agent"],
+    "/admin/jobs/textrequest/": ["id", "models", "ending", "state", "created"],
+    "/admin/jobs/generation/": ["seconds left", "lease end", "fallback tier", "capacity limited"],
+}
+NARROW = {"width": 1440, "height": 900}
+
+
+def _overflow(page: Page) -> list[str]:
+    """Tables (or the page) wider than the window: what would be clipped on the right."""
+    return page.evaluate(
+        """() => {
+          const root = document.documentElement, width = root.clientWidth;
+          const wide = [...document.querySelectorAll('table')]
+            .filter(t => t.getBoundingClientRect().right > width + 1)
+            .map(t => (t.id || t.className || 'table') + ' ' + Math.round(t.getBoundingClientRect().right));
+          if (root.scrollWidth > width + 1) wide.push('page ' + root.scrollWidth);
+          return wide;
+        }"""
+    )
+
+
+def test_a_moderator_walks_every_list_and_detail_page_at_1440_pixels_with_nothing_clipped(
+    live_stack: LiveStack, moderator_user, make_caller
+):
+    fill(accounts=10, workers=60, generations=120, queued=30)
+    base_url = live_stack.urls[0]
+    owner, requester = make_caller("walk-owner"), make_caller("walk-requester")
+    _pop(base_url, owner.api_key)  # the worker checks in: its model can be asked for
+    chat = queue_chat(requester, 300)
+    ids = {"request": str(chat.pk), "generation": _pop(base_url, owner.api_key)["id"]}
+    seen: dict[str, list[str]] = {}
+    overflowing: dict[str, list[str]] = {}
+    with chromium() as page:
+        page.set_viewport_size(NARROW)
+        log_in(page, base_url, "/admin/workers/account/")  # a list: its sidebar folded away
+        for path, columns in LISTS.items():
+            page.goto(base_url + path)
+            headers = [h.strip().lower() for h in page.locator("#result_list thead th").all_inner_texts()]
+            seen[path] = [c for c in columns if not any(c in h for h in headers)]
+            overflowing[path] = _overflow(page)
+            screenshot(page, "list_" + path.strip("/").split("/")[-1], full_page=False)
+            page.locator("#result_list tbody tr th a, #result_list tbody tr td a").first.click()
+            page.wait_for_selector("#content-main")
+            overflowing[page.url] = _overflow(page)
+        # The request with a generation: its page lists it inline; its generation's page
+        # shows the lease end as a time and no raw ttl.
+        page.goto(f"{base_url}/admin/jobs/textrequest/{ids['request']}/change/")
+        inline = page.locator(".inline-group").inner_text()
+        overflowing["request detail"] = _overflow(page)
+        screenshot(page, "request_detail")
+        page.goto(f"{base_url}/admin/jobs/generation/{ids['generation']}/change/")
+        generation_page = page.locator("#content-main").inner_text()
+        overflowing["generation detail"] = _overflow(page)
+        screenshot(page, "generation_detail")
+        page.goto(f"{base_url}/admin/")
+        view_site = page.get_by_role("link", name="View site").count()
+        icon = page.locator("link[rel=icon]").count()
+        sections = page.locator("#content-main").inner_text()
+
+    assert seen == {path: [] for path in LISTS}, seen
+    assert {where: wide for where, wide in overflowing.items() if wide} == {}
+    assert ids["generation"][:8] in inline and "processing" in inline.lower()
+    assert re.search(r"Lease end:?\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", generation_page), generation_page
+    assert "Job ttl" not in generation_page
+    assert view_site == 0 and icon == 1
+    assert "Requests" in sections and "Text requests" not in sections

@@ -31,7 +31,10 @@ def test_the_admin_shows_settlement_information_read_only_and_no_text(
     page = admin_client.get(f"/admin/jobs/generation/{generation.pk}/change/")
     assert page.status_code == 200
     html = page.content.decode()
-    assert "tokens_relayed" in html
+    # In words, not raw JSON; the tokens it reported though it never submitted.
+    assert "reason: cancelled; usage: unknown (no final count); tokens relayed: 3; reservation: none" in html
+    assert "3 relayed, not confirmed" in html
+    assert "tokens_relayed" not in html and "Job ttl" not in html
     assert 'name="settlement_information"' not in html  # shown, not editable
     assert "secret reply words" not in html
     assert "Tell me a long story" not in html
