@@ -109,7 +109,7 @@ def test_the_generation_list_shows_live_leases_and_filters_live_lapsed_and_abort
     # Popped at 0, 100 and 200 s; now 300 s: the first is aborted, the second lapsed, the third live.
     abort_stale_generations(now=Generation.objects.get(pk=ids[0]).popped_at + timedelta(seconds=151))
     page = moderator.get("/admin/jobs/generation/").content.decode()
-    assert "Seconds left" in page and ">50<" in page  # the live one: 200 + 150 - 300
+    assert "Left (s)" in page and ">50<" in page  # the live one: 200 + 150 - 300
     for lease, expected in (("live", ids[2]), ("lapsed", ids[1]), ("aborted", ids[0])):
         html = moderator.get(f"/admin/jobs/generation/?lease={lease}").content.decode()
         assert expected in html, lease
