@@ -24,6 +24,21 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def heartbeat_connection(port: int, *, timeout: float = 30) -> http.client.HTTPConnection:
+    """A connection to bin/web on `port` once its heartbeat answers 200 (it may be starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            connection.request("GET", "/api/v2/status/heartbeat")
+            answer = connection.getresponse()
+            assert answer.status == 200 and answer.read()
+            return connection
+        except OSError:
+            assert time.monotonic() < deadline, "bin/web did not come up"
+            time.sleep(0.2)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_idle_keep_alive_connection_outlives_a_workers_poll_interval(settings):
     port = _free_port()
@@ -31,16 +46,7 @@ def test_an_idle_keep_alive_connection_outlives_a_workers_poll_interval(settings
            "REDIS_URL": settings.REDIS_URL}  # fmt: skip
     server = subprocess.Popen([str(ROOT / "bin" / "web")], env=env, cwd=ROOT)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-                connection.request("GET", "/api/v2/status/heartbeat")
-                assert connection.getresponse().read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "bin/web did not come up"
-                time.sleep(0.2)
+        connection = heartbeat_connection(port)
         local = connection.sock.getsockname()
         time.sleep(IDLE_SECONDS)  # a slow worker's poll interval, not a lease
         connection.request("GET", "/api/v2/status/heartbeat")

@@ -1,14 +1,12 @@
 """bin/web stops quietly: a normal stop logs no error, and every process exits 0."""
 
-import http.client
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
-from tests.hordeops.test_keep_alive import ROOT, _free_port
+from tests.hordeops.test_keep_alive import ROOT, _free_port, heartbeat_connection
 from tests.live import database_url
 
 
@@ -34,17 +32,7 @@ def test_a_normal_stop_of_the_web_app_logs_no_error_and_exits_0(settings, stop):
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-                connection.request("GET", "/api/v2/status/heartbeat")
-                assert connection.getresponse().status == 200
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "bin/web did not come up"
-                time.sleep(0.2)
-        connection.close()
+        heartbeat_connection(port).close()
         stop(server)
         _, logged = server.communicate(timeout=30)
     finally:
