@@ -12,6 +12,8 @@ request, is `jobs.eligibility`.
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db.models import ExpressionWrapper, F, FloatField, Value
+from django.db.models.functions import Coalesce
 
 # The online test in SQL, for a worker row `{w}` (the parameter is `online_since(now)`).
 ONLINE_SQL = "{w}.last_pop_at >= %(online_since)s"
@@ -30,6 +32,13 @@ def capacity(speed: float | None) -> int:
     """A worker's chat capacity in tokens: what it can produce inside the base lease."""
     effective = settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND if speed is None else speed
     return int(effective * lease_window_seconds())
+
+
+def capacity_expression(speed: str = "speed") -> ExpressionWrapper:
+    """`capacity` in the ORM, for a worker's `speed` field, before the rounding down to whole
+    tokens (below an integer max_length exactly when the whole tokens are)."""
+    effective = Coalesce(F(speed), Value(float(settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND)))
+    return ExpressionWrapper(effective * lease_window_seconds(), output_field=FloatField())
 
 
 def online_since(now: datetime) -> datetime:

@@ -7,12 +7,11 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
-from django.db.models import ExpressionWrapper, F, Q, Value
-from django.db.models.functions import Coalesce
+from django.db.models import F, Q
 from django.utils import timezone
 
 from hordeops.keys import ANONYMOUS_API_KEY
-from workers.capacity import capacity, lease_window_seconds, online_since
+from workers.capacity import capacity, capacity_expression, online_since
 
 ANONYMOUS_NAME = "Anonymous"
 
@@ -83,16 +82,10 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         return self.online(now).filter(chat=True)
 
     def capacity_limited(self) -> "WorkerQuerySet":
-        """Chat workers whose capacity is below the max_length they declare (`Worker.capacity_limited`,
-        in SQL: the capacity's speed x window is below max_length exactly when its whole tokens are)."""
-        speed = Coalesce(F("speed"), Value(float(settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND)))
+        """Chat workers whose capacity is below the max_length they declare (`Worker.capacity_limited`)."""
         return (
             self.filter(chat=True)
-            .alias(
-                window_tokens=ExpressionWrapper(
-                    speed * lease_window_seconds(), output_field=models.FloatField()
-                )
-            )
+            .alias(window_tokens=capacity_expression())
             .filter(window_tokens__lt=F("max_length"))
         )
 
