@@ -36,9 +36,7 @@ def cancel_request(
         if request is None:
             raise errors.RequestNotFound()
         if reason == "cancelled" and request.is_past_expiry(now):
-            with connection.cursor() as cursor:
-                expire_past(cursor, now=now, request_id=request.pk)
-            request.refresh_from_db()
+            _expire(request, now)
         elif request.state == TextRequest.State.ACTIVE:
             request.state = TextRequest.State.CANCELLED
             request.queued = 0
@@ -61,10 +59,15 @@ def current_request(*, request_id: UUID, now: datetime | None = None) -> TextReq
         raise errors.RequestNotFound()
     if request.is_past_expiry(now):
         with transaction.atomic():
-            with connection.cursor() as cursor:
-                expire_past(cursor, now=now, request_id=request.pk)
-        request.refresh_from_db()
+            _expire(request, now)
     return request
+
+
+def _expire(request: TextRequest, now: datetime) -> None:
+    """Expire this one request as the stale pass would, in the caller's transaction."""
+    with connection.cursor() as cursor:
+        expire_past(cursor, now=now, request_id=request.pk)
+    request.refresh_from_db()
 
 
 def expire_past(cursor, *, now: datetime, request_id: UUID | None = None) -> tuple[list[UUID], list[UUID]]:
