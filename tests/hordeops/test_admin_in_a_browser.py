@@ -36,10 +36,11 @@ CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(os.environ.get("SCREENSHOT_DIR", ROOT / "run" / "screenshots"))
 PASSWORD = "a moderator's password"
 VIEWPORT = {"width": 1440, "height": 900}  # the narrowest a moderator's pages must fit
+WIDE = {"width": 1920, "height": 1080}  # a common desktop screen
 
 
 @contextmanager
-def chromium() -> Iterator[Page]:
+def chromium(viewport: dict[str, int] = VIEWPORT) -> Iterator[Page]:
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
@@ -47,7 +48,7 @@ def chromium() -> Iterator[Page]:
             args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
         )
         try:
-            page = browser.new_page(viewport=VIEWPORT)
+            page = browser.new_page(viewport=viewport)
             page.set_default_timeout(15_000)
             yield page
         finally:
@@ -190,6 +191,29 @@ LISTS = {
 }
 
 
+def _broken_words(page: Page) -> list[str]:
+    """Words of the lists' cells split across two lines ("Processi / ng"): a break at a hyphen,
+    a slash or a space is a line break, one inside a run of letters and digits is not."""
+    return page.evaluate(
+        """() => {
+          const broken = [];
+          for (const cell of document.querySelectorAll('#result_list td, #result_list th')) {
+            const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+            for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+              for (const word of node.data.matchAll(/[\\p{L}\\p{N}]+/gu)) {
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const tops = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+                if (tops.size > 1) broken.push(word[0]);
+              }
+            }
+          }
+          return broken;
+        }"""
+    )
+
+
 def _overflow(page: Page) -> list[str]:
     """Tables (or the page) wider than the window: what would be clipped on the right."""
     return page.evaluate(
@@ -207,8 +231,9 @@ def _overflow(page: Page) -> list[str]:
     )
 
 
-def test_a_moderator_walks_every_list_and_detail_page_at_1440_pixels_with_nothing_clipped(
-    live_stack: LiveStack, moderator_user, make_caller
+@pytest.mark.parametrize("viewport", [VIEWPORT, WIDE], ids=["1440", "1920"])
+def test_a_moderator_walks_every_list_and_detail_page_with_nothing_clipped_or_split(
+    live_stack: LiveStack, moderator_user, make_caller, viewport: dict[str, int]
 ):
     fill(accounts=10, workers=60, generations=120, queued=30)
     base_url = live_stack.urls[0]
@@ -218,15 +243,20 @@ def test_a_moderator_walks_every_list_and_detail_page_at_1440_pixels_with_nothin
     ids = {"request": str(chat.pk), "generation": _pop(base_url, owner.api_key)["id"]}
     seen: dict[str, list[str]] = {}
     overflowing: dict[str, list[str]] = {}
-    with chromium() as page:
+    split: dict[str, list[str]] = {}
+    suffix = "" if viewport == VIEWPORT else f"_{viewport['width']}"
+    with chromium(viewport) as page:
         log_in(page, base_url, "/admin/workers/account/")  # a list: its sidebar folded away
         for path, columns in LISTS.items():
             page.goto(base_url + path)
             headers = [h.strip().lower() for h in page.locator("#result_list thead th").all_inner_texts()]
             seen[path] = [c for c in columns if not any(c in h for h in headers)]
             overflowing[path] = _overflow(page)
+            split[path] = _broken_words(page)
             if path == "/admin/jobs/textrequest/":
-                screenshot(page, "requests", full_page=False)
+                screenshot(page, "requests" + suffix, full_page=False)
+            if path == "/admin/jobs/generation/" and viewport == WIDE:
+                screenshot(page, "generations" + suffix, full_page=False)
             page.locator("#result_list tbody tr th a, #result_list tbody tr td a").first.click()
             page.wait_for_selector("#content-main")
             overflowing[page.url] = _overflow(page)
@@ -235,7 +265,7 @@ def test_a_moderator_walks_every_list_and_detail_page_at_1440_pixels_with_nothin
         page.goto(f"{base_url}/admin/jobs/textrequest/{ids['request']}/change/")
         inline = page.locator(".inline-group").inner_text()
         overflowing["request detail"] = _overflow(page)
-        screenshot(page, "request_detail")
+        screenshot(page, "request_detail" + suffix)
         page.goto(f"{base_url}/admin/jobs/generation/{ids['generation']}/change/")
         generation_page = page.locator("#content-main").inner_text()
         overflowing["generation detail"] = _overflow(page)
@@ -246,6 +276,7 @@ def test_a_moderator_walks_every_list_and_detail_page_at_1440_pixels_with_nothin
 
     assert seen == {path: [] for path in LISTS}, seen
     assert {where: wide for where, wide in overflowing.items() if wide} == {}
+    assert {where: words for where, words in split.items() if words} == {}
     assert ids["generation"][:8] in inline and "processing" in inline.lower()
     assert re.search(r"Lease end:?\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", generation_page), generation_page
     assert "Job ttl" not in generation_page
