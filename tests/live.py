@@ -304,6 +304,9 @@ def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterat
         "KEY_RATE_PER_SECOND": "0",
         "ADDRESS_RATE_PER_SECOND": "0",
     }
+    # `@pytest.mark.live_env(NAME="value")`: settings of the test's own for the servers.
+    if marker := request.node.get_closest_marker("live_env"):
+        env.update(marker.kwargs)
     failed_before = request.session.testsfailed
     stack = LiveStack()
     try:
