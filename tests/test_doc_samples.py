@@ -13,8 +13,9 @@ as it now reads:
   in another shell (one with commands after it fails: they would never run). A block fails
   on a non-zero status, a Python traceback, an error body (`"error"`, `"rc"`) or, for a
   stream, no `[DONE]`; a page's session fails if a worker it started did not check in.
-- The README's `bin/stack` runs as written, on a port of its own with the test database and
-  Redis, and the README's next commands talk to it.
+- The README's `bin/stack` runs as written, on a port of its own and a new database (which it
+  creates and migrates, as on a fresh machine) with the test Redis, and the README's next
+  commands talk to it.
 - The bench commands (minutes each) are checked by their scripts' `--help`: the arguments
   given parse, and every option the block names exists. The few other commands not run here
   are listed in NOT_RUN with the reason.
@@ -31,10 +32,13 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 
+import psycopg
 import pytest
 from django.conf import settings
+from psycopg import sql
 
 from tests.live import ROOT, LiveStack, database_url, free_port
 
@@ -264,6 +268,11 @@ def _sessions() -> dict[str, list[Sample]]:
     return by_page
 
 
+def _drop_database(name: str) -> None:
+    with psycopg.connect(f"{database_url().rsplit('/', 1)[0]}/postgres", autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 def _run_session(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     # A session of its own: on a timeout, what it left running (a stack, a worker) goes too.
     shell = subprocess.Popen(
@@ -286,14 +295,22 @@ def _run_session(script: str, env: dict[str, str]) -> subprocess.CompletedProces
 @pytest.mark.parametrize("live_stack", [1], indirect=True)
 @pytest.mark.live_env(INTERNAL_HOP_SECRET=HOP_SECRET)
 @pytest.mark.parametrize("page", sorted(_sessions()))
-def test_a_pages_samples_run_as_written_on_a_live_server(live_stack: LiveStack, page: str) -> None:
+def test_a_pages_samples_run_as_written_on_a_live_server(
+    live_stack: LiveStack, page: str, request: pytest.FixtureRequest
+) -> None:
     session = _sessions()[page]
     starts_a_stack = any(STACK.match(command) for sample in session for command in _commands(sample))
     port = free_port() if starts_a_stack else int(live_stack.urls[0].rsplit(":", 1)[1])
+    database = database_url()
+    if starts_a_stack:
+        # As on a fresh machine: bin/stack creates the database it is given, and migrates it.
+        name = f"hordeops_docs_{uuid.uuid4().hex[:8]}"
+        database = f"{database.rsplit('/', 1)[0]}/{name}"
+        request.addfinalizer(lambda: _drop_database(name))
     env = {
-        "PORT": str(port),
         **{name: value for name, value in os.environ.items() if name != "HORDE_API_KEY"},
-        "DATABASE_URL": database_url(),
+        "PORT": str(port),
+        "DATABASE_URL": database,
         "REDIS_URL": settings.REDIS_URL,
         "MODERATOR_PASSWORD": "a moderator's long password",
         "INTERNAL_HOP_SECRET": HOP_SECRET,
