@@ -4,6 +4,7 @@ import json
 import threading
 import uuid
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -11,6 +12,7 @@ from rest_framework.renderers import JSONRenderer
 
 from jobs.models import Generation, TextRequest
 from jobs.services import EmptyPop, pop_generation
+from jobs.services.pop import RecentSkips, recent_skips
 from tests.conftest import multiply_rows
 from workers.models import Worker
 
@@ -390,3 +392,54 @@ def test_a_pop_that_finds_nothing_counts_why_the_waiting_requests_passed_it_over
     }
     idle = make_caller("idle-owner").pop("idle", models=["m-none"]).json()
     assert idle["skipped"] == {"models": 5}
+
+
+def test_an_idle_workers_empty_pops_reuse_their_skipped_counts_for_the_cache_seconds(
+    requester, owner, trusted_owner, settings, time_machine, django_assert_num_queries
+):
+    settings.POP_SKIPPED_CACHE_SECONDS = 10
+    recent_skips.__init__()  # no counts of another test's workers
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
+    owner.pop("idle", models=["m1"])
+    trusted_owner.pop("elsewhere", models=["m2"])  # m2 can be asked for
+    assert requester.request_text(models=["m2"]).status_code == 202
+    time_machine.shift(10)  # past the counts of the check-in's pop, of an empty queue
+    first = owner.pop("idle", models=["m1"]).json()
+    assert first["skipped"] == {"models": 1}
+    assert requester.request_text(models=["m2"]).status_code == 202
+    time_machine.shift(9)
+    # Counted 9 s ago: the same counts, in two statements (the key's account with the
+    # check-in, and the claim that found nothing).
+    with django_assert_num_queries(2):
+        assert owner.pop("idle", models=["m1"]).json()["skipped"] == {"models": 1}
+    time_machine.shift(1)
+    with django_assert_num_queries(3):
+        assert owner.pop("idle", models=["m1"]).json()["skipped"] == {"models": 2}
+
+
+def test_a_worker_that_declares_otherwise_has_its_skipped_counted_afresh(
+    requester, owner, trusted_owner, settings, time_machine
+):
+    settings.POP_SKIPPED_CACHE_SECONDS = 10
+    recent_skips.__init__()
+    time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
+    owner.pop("idle", models=["m1"], max_length=100)
+    trusted_owner.pop("elsewhere", models=["m1"], max_length=4096)  # a worker long enough for it
+    assert requester.request_text(models=["m1"], params={"max_length": 200}).status_code == 202
+    time_machine.shift(10)  # past the counts of the check-in's pop, of an empty queue
+    assert owner.pop("idle", models=["m1"], max_length=100).json()["skipped"] == {"max_length": 1}
+    time_machine.shift(1)
+    # The same worker a second later, now for another model: the request is skipped for that.
+    assert owner.pop("idle", models=["m2"], max_length=100).json()["skipped"] == {"models": 1}
+
+
+def test_the_skipped_cache_forgets_the_least_recently_counted_worker_past_its_size():
+    skips = RecentSkips()
+    skips.SIZE = 2
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    for name in ("a", "b", "c"):
+        skips.put((name,), at, {"models": 1})
+    assert skips.get(("a",), at, 10) is None
+    assert skips.get(("b",), at, 10) == skips.get(("c",), at, 10) == {"models": 1}
+    # A clock moved back (a test's, or a corrected host clock) does not serve counts "from the future".
+    assert skips.get(("b",), at - timedelta(seconds=1), 10) is None
