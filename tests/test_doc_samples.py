@@ -93,6 +93,21 @@ def samples() -> list[Sample]:
     return found
 
 
+def _code(line: str) -> str:
+    """A line without its trailing comment (two spaces and a #, as the pages write them)."""
+    return line.split("  #")[0].rstrip()
+
+
+def _on_port(text: str, port: int) -> str:
+    """A sample's text with the test server's port for the stack's 8000."""
+    return text.replace("localhost:8000", f"127.0.0.1:{port}").replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+
+
+def _on_database(name: str) -> str:
+    """The URL of database `name` on the test database's server."""
+    return f"{database_url().rsplit('/', 1)[0]}/{name}"
+
+
 def _commands(sample: Sample) -> list[str]:
     return [line for line in sample.text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
@@ -152,11 +167,8 @@ def test_an_event_stream_sample_is_well_formed(sample: Sample) -> None:
 
 @pytest.mark.parametrize("sample", [s for s in samples() if _is_excerpt(s)], ids=str)
 def test_an_excerpt_is_the_source_it_names(sample: Sample) -> None:
-    def code(line: str) -> str:
-        return line.split("  #")[0].strip()
-
-    source = [code(line) for line in EXCERPT_SOURCES[sample.page].read_text().splitlines()]
-    lines = [code(line) for line in sample.text.splitlines() if line.strip()]
+    source = [_code(line).strip() for line in EXCERPT_SOURCES[sample.page].read_text().splitlines()]
+    lines = [_code(line).strip() for line in sample.text.splitlines() if line.strip()]
     # Each run of lines between `...` is consecutive in the source, the runs in order.
     runs, run = [], []
     for line in lines:
@@ -193,9 +205,7 @@ def test_a_bench_command_parses_and_names_only_options_its_script_has(sample: Sa
 
 def _shell_line(command: str, port: int, workers: list[str], *, last: bool) -> str:
     """One command as the test pastes it (`last`: the last of its block)."""
-    command = command.replace("localhost:8000", f"127.0.0.1:{port}").replace(
-        "127.0.0.1:8000", f"127.0.0.1:{port}"
-    )
+    command = _on_port(command, port)
     if _not_run(command) or BENCH.match(command):
         return f": not run here: {command!r}"
     if match := CREATE_ACCOUNT.match(command):
@@ -205,19 +215,18 @@ def _shell_line(command: str, port: int, workers: list[str], *, last: bool) -> s
     if STACK.match(command):
         # It runs until stopped: "Then, in another shell".
         return (
-            f"{command.split('  #')[0].rstrip()} 1>&2 &\nBACKGROUND+=($!)\n"
-            f"for i in $(seq {STARTUP_TIMEOUT_SECONDS * 5}); do "
-            f"curl -sf 127.0.0.1:{port}/api/v2/status/heartbeat > /dev/null && break; sleep 0.2; done"
+            f"{_code(command)} 1>&2 &\nBACKGROUND+=($!)\n"
+            f"answers 127.0.0.1:{port}/api/v2/status/heartbeat {STARTUP_TIMEOUT_SECONDS}"
         )
     if WORKER.search(command) and "--once" not in command:
         workers.append(re.search(r"--name (\S+)", command)[1])
-        in_foreground = not command.split("  #")[0].rstrip().endswith("&")
+        in_foreground = not _code(command).endswith("&")
         if in_foreground and not last:
             # The reader's shell would wait on it, and never run the commands after it.
             return f"echo 'a worker in the foreground, with commands after it: {command}'; exit 90"
         # A worker runs until stopped: one started last in the foreground, a reader leaves
         # running in that shell, and goes on in another.
-        background = command.split("  #")[0].rstrip().removesuffix("&").rstrip()
+        background = _code(command).removesuffix("&").rstrip()
         if "--url" not in background:  # its default is http://127.0.0.1:8000
             background += f" --url http://127.0.0.1:{port}"
         return f"{background} 1>&2 &\nBACKGROUND+=($!)"
@@ -232,12 +241,14 @@ def _script(session: list[Sample], port: int) -> str:
         # Stopped and waited for: bin/stack stops its own processes on TERM (a background job
         # of a script ignores SIGINT, so not as Ctrl-C would).
         "trap 'kill ${BACKGROUND[@]} 2>/dev/null || true; wait' EXIT",
+        # answers URL SECONDS: wait until URL answers 2xx, fail if it still does not after SECONDS.
+        'answers() { for _ in $(seq $(($2 * 5))); do curl -sf "$1" > /dev/null && return; sleep 0.2; done;'
+        ' curl -sf "$1" > /dev/null; }',
     ]
     for index, sample in enumerate(session):
         parts.append(f"printf '\\n@@sample {index}@@\\n'")
         if sample.lang == "python":
-            code = sample.text.replace("localhost:8000", f"127.0.0.1:{port}")
-            parts.append(f".venv/bin/python - <<'SAMPLE_EOF'\n{code}SAMPLE_EOF")
+            parts.append(f".venv/bin/python - <<'SAMPLE_EOF'\n{_on_port(sample.text, port)}SAMPLE_EOF")
         else:
             # A command may go on over several lines (a trailing backslash): one logical line.
             logical = re.split(r"(?<!\\)\n", sample.text.rstrip("\n"))
@@ -247,12 +258,9 @@ def _script(session: list[Sample], port: int) -> str:
             )
     # Each worker a page started must have checked in, and still run, when its samples are done.
     parts.append(f"printf '\\n@@sample {len(session)}@@\\n'")
-    for name in workers:
-        parts.append(
-            f"for i in $(seq {CHECK_IN_TIMEOUT_SECONDS * 5}); do "
-            f"curl -sf 127.0.0.1:{port}/api/v2/workers/name/{name} > /dev/null && break; sleep 0.2; done; "
-            f"curl -sf 127.0.0.1:{port}/api/v2/workers/name/{name} > /dev/null"
-        )
+    parts.extend(
+        f"answers 127.0.0.1:{port}/api/v2/workers/name/{name} {CHECK_IN_TIMEOUT_SECONDS}" for name in workers
+    )
     parts.append('for pid in "${BACKGROUND[@]}"; do kill -0 "$pid"; done')
     return "\n".join(parts) + "\n"
 
@@ -269,7 +277,7 @@ def _sessions() -> dict[str, list[Sample]]:
 
 
 def _drop_database(name: str) -> None:
-    with psycopg.connect(f"{database_url().rsplit('/', 1)[0]}/postgres", autocommit=True) as admin:
+    with psycopg.connect(_on_database("postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
@@ -305,10 +313,10 @@ def test_a_pages_samples_run_as_written_on_a_live_server(
     if starts_a_stack:
         # As on a fresh machine: bin/stack creates the database it is given, and migrates it.
         name = f"hordeops_docs_{uuid.uuid4().hex[:8]}"
-        database = f"{database.rsplit('/', 1)[0]}/{name}"
+        database = _on_database(name)
         request.addfinalizer(lambda: _drop_database(name))
     env = {
-        **{name: value for name, value in os.environ.items() if name != "HORDE_API_KEY"},
+        **{key: value for key, value in os.environ.items() if key != "HORDE_API_KEY"},
         "PORT": str(port),
         "DATABASE_URL": database,
         "REDIS_URL": settings.REDIS_URL,

@@ -84,13 +84,13 @@ recent_skips = RecentSkips()
 
 def _skipped(params: dict[str, Any], now: datetime) -> dict[str, int]:
     seconds = settings.POP_SKIPPED_CACHE_SECONDS
-    key = RecentSkips.key(params)
-    if seconds > 0 and (counts := recent_skips.get(key, now, seconds)) is not None:
+    key = RecentSkips.key(params) if seconds > 0 else None
+    if key is not None and (counts := recent_skips.get(key, now, seconds)) is not None:
         return counts
     with connection.cursor() as cursor:
         cursor.execute(sql.skipped(), params)
         counts = dict(cursor.fetchall())
-    if seconds > 0:
+    if key is not None:
         recent_skips.put(key, now, counts)
     return counts
 

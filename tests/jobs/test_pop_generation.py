@@ -11,8 +11,8 @@ from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
 from jobs.models import Generation, TextRequest
-from jobs.services import EmptyPop, pop_generation
-from jobs.services.pop import RecentSkips, recent_skips
+from jobs.services import EmptyPop, pop, pop_generation
+from jobs.services.pop import RecentSkips
 from tests.conftest import multiply_rows
 from workers.models import Worker
 
@@ -395,10 +395,10 @@ def test_a_pop_that_finds_nothing_counts_why_the_waiting_requests_passed_it_over
 
 
 def test_an_idle_workers_empty_pops_reuse_their_skipped_counts_for_the_cache_seconds(
-    requester, owner, trusted_owner, settings, time_machine, django_assert_num_queries
+    requester, owner, trusted_owner, settings, time_machine, django_assert_num_queries, monkeypatch
 ):
     settings.POP_SKIPPED_CACHE_SECONDS = 10
-    recent_skips.__init__()  # no counts of another test's workers
+    monkeypatch.setattr(pop, "recent_skips", RecentSkips())  # no counts of another test's workers
     time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
     owner.pop("idle", models=["m1"])
     trusted_owner.pop("elsewhere", models=["m2"])  # m2 can be asked for
@@ -418,10 +418,10 @@ def test_an_idle_workers_empty_pops_reuse_their_skipped_counts_for_the_cache_sec
 
 
 def test_a_worker_that_declares_otherwise_has_its_skipped_counted_afresh(
-    requester, owner, trusted_owner, settings, time_machine
+    requester, owner, trusted_owner, settings, time_machine, monkeypatch
 ):
     settings.POP_SKIPPED_CACHE_SECONDS = 10
-    recent_skips.__init__()
+    monkeypatch.setattr(pop, "recent_skips", RecentSkips())
     time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
     owner.pop("idle", models=["m1"], max_length=100)
     trusted_owner.pop("elsewhere", models=["m1"], max_length=4096)  # a worker long enough for it
