@@ -5,8 +5,14 @@ from types import FrameType
 
 from uvicorn.workers import UvicornWorker
 
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
 
 def _exit(signum: int, frame: FrameType | None) -> None:
+    # On its way out, a worker ignores further stops: Python puts back the default (death by the
+    # signal) for every signal it handles as it exits, and the master's SIGQUIT after Ctrl-C came then.
+    for stop in STOPS:
+        signal.signal(stop, signal.SIG_IGN)
     raise SystemExit(0)
 
 
@@ -18,9 +24,18 @@ class QuietUvicornWorker(UvicornWorker):
     which uvicorn's worker had reset to the default: the process is killed by it, and gunicorn
     logs `Worker (pid:...) was sent SIGTERM!` at ERROR for every worker of a normal stop. With
     this handler found instead, the second raise is an exit with status 0.
+
+    SIGQUIT is gunicorn's quick stop, which the master also sends its workers on Ctrl-C: uvicorn
+    sets it on its event loop to a handler that stops nothing, and the loop puts back the default
+    (a core dump) when it closes, so a worker still finishing Ctrl-C's SIGINT was killed by it.
+    Here it exits 0 at once, as gunicorn's own workers do on it, and once a worker is exiting it
+    ignores every stop signal.
     """
 
     def init_signals(self) -> None:
         super().init_signals()
-        for stop in (signal.SIGTERM, signal.SIGINT):
+        for stop in STOPS:
             signal.signal(stop, _exit)
+
+    def _install_sigquit_handler(self) -> None:
+        pass  # SIGQUIT keeps init_signals' handler, set outside the loop so it outlives it
