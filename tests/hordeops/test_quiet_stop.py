@@ -14,9 +14,10 @@ from tests.live import database_url
 def _wait_for_workers_booted(master: int, count: int, timeout: float = 30) -> None:
     """Until each of `master`'s `count` workers has set its own signal handlers.
 
-    A signal that reaches a worker still booting goes to the master's handlers it was forked with
-    and is lost, and gunicorn kills the worker 30 s later: the heartbeat answering shows only that
-    one worker is up. A booted worker leaves SIGHUP to its default, which the master catches.
+    A signal that reaches a worker before it sets its handlers goes to the master's, which it was
+    forked with, and is lost; gunicorn kills the worker 30 s later. The heartbeat answering shows
+    only that one worker is up. A worker with its own handlers leaves SIGHUP to its default, which
+    the master catches.
     """
     deadline = time.monotonic() + timeout
     while True:
