@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,11 +22,13 @@ def _wait_for_workers_booted(master: int, count: int, timeout: float = 30) -> No
     """
     deadline = time.monotonic() + timeout
     while True:
-        children = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True).stdout.split()
-        caught = []
-        for child in children:
-            with open(f"/proc/{child}/status") as status:
-                caught += [int(line.split()[1], 16) for line in status if line.startswith("SigCgt:")]
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        caught = [
+            int(line.split()[1], 16)
+            for child in children
+            for line in Path(f"/proc/{child}/status").read_text().splitlines()
+            if line.startswith("SigCgt:")
+        ]
         if len(caught) == count and not any(mask & 1 << (signal.SIGHUP - 1) for mask in caught):
             return
         assert time.monotonic() < deadline, "bin/web's workers did not boot"
