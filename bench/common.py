@@ -59,6 +59,21 @@ def reset_tables() -> None:
     get_redis_connection("default").flushdb()
 
 
+class HTTPConnection(http.client.HTTPConnection):
+    """The standard library's keep-alive connection with Nagle's algorithm off, as urllib3 (and
+    so requests, the scribe worker's client) and httpx set their sockets.
+
+    http.client writes a request's headers and its body in two sends. With Nagle on, the body
+    waits for the server to acknowledge the headers, and Linux delays that acknowledgement up to
+    40 ms: a bench client left as it is measured its own stall, 20-50 ms per post on an idle
+    server (bench/streams.py at 60 posts/s, 2026-12-02), not the horde.
+    """
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    HTTPConnection,
     bench_env,
     free_port,
     percentile,
@@ -63,7 +64,7 @@ def _env(bounds: bool) -> dict[str, str]:
 class Client:
     def __init__(self, port: int, api_key: str) -> None:
         self.port, self.api_key = port, api_key
-        self.http = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.http = HTTPConnection("127.0.0.1", port, timeout=30)
 
     def call(self, method: str, path: str, body: dict | None = None, address: str | None = None):
         headers = {"apikey": self.api_key, "Content-Type": "application/json"}
@@ -76,7 +77,7 @@ class Client:
                 return answer.status, json.loads(answer.read() or b"{}")
             except (OSError, http.client.HTTPException):
                 self.http.close()  # a refused body closes the connection: open another
-                self.http = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                self.http = HTTPConnection("127.0.0.1", self.port, timeout=30)
                 if attempt:
                     raise
         raise AssertionError("unreachable")

@@ -15,7 +15,6 @@ both per request, with the wall time per request.
 """
 
 import argparse
-import http.client
 import json
 import os
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    HTTPConnection,
     cpu_seconds,
     free_port,
     prepare_database,
@@ -63,7 +63,7 @@ def main() -> None:
     port = free_port()
     server = start_web(port, 1, _env())
     try:
-        http_ = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        http_ = HTTPConnection("127.0.0.1", port, timeout=30)
         worker_pid = int(Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()[0])
         headers = {"apikey": api_key, "Content-Type": "application/json"}
         pop_json = json.dumps(pop_body("cpu-w"))

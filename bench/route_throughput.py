@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    HTTPConnection,
     bench_env,
     free_port,
     percentile,
@@ -67,7 +68,7 @@ class Connection:
     over the processes as a fleet's many connections do."""
 
     def __init__(self, port: int, api_key: str, reconnect_every: int) -> None:
-        self.http = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.http = HTTPConnection("127.0.0.1", port, timeout=60)
         self.headers = {"apikey": api_key, "Content-Type": "application/json"}
         self.reconnect_every = reconnect_every
         self.sent = 0

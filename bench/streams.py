@@ -31,7 +31,6 @@ For each N in --streams:
 
 import argparse
 import asyncio
-import http.client
 import json
 import multiprocessing
 import os
@@ -48,6 +47,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    HTTPConnection,
     bench_env,
     cpu_seconds,
     free_port,
@@ -167,7 +167,7 @@ def requester_process(port: int, api_keys: list[str], count: int, sent, finished
 
 class Connection:
     def __init__(self, port: int, api_key: str) -> None:
-        self.http = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.http = HTTPConnection("127.0.0.1", port, timeout=60)
         self.headers = {"apikey": api_key, "Content-Type": "application/json"}
 
     def post(self, path: str, body: dict) -> tuple[int, dict, float]:
