@@ -1,5 +1,6 @@
 """The gunicorn worker class `bin/web` runs: uvicorn's, stopping quietly."""
 
+import os
 import signal
 from types import FrameType
 
@@ -16,6 +17,14 @@ def _exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
+def _quit(signum: int, frame: FrameType | None) -> None:
+    # The quick stop leaves at once. TERM and INT reach _exit only when uvicorn re-raises them
+    # after its shutdown; QUIT comes at any moment, and a SystemExit raised inside a uvloop
+    # transport's callback or a request is logged there and swallowed: the worker ran on, every
+    # stop ignored, until the master's SIGKILL.
+    os._exit(0)
+
+
 class QuietUvicornWorker(UvicornWorker):
     """uvicorn's worker, exiting 0 on a normal stop.
 
@@ -28,14 +37,14 @@ class QuietUvicornWorker(UvicornWorker):
     SIGQUIT is gunicorn's quick stop, which the master also sends its workers on Ctrl-C: uvicorn
     sets it on its event loop to a handler that stops nothing, and the loop puts back the default
     (a core dump) when it closes, so a worker still finishing Ctrl-C's SIGINT was killed by it.
-    Here it exits 0 at once, as gunicorn's own workers do on it, and once a worker is exiting it
-    ignores every stop signal.
+    Here it exits 0 at once (`os._exit`, which no code it interrupts can catch), and once a worker
+    is exiting it ignores every stop signal.
     """
 
     def init_signals(self) -> None:
         super().init_signals()
         for stop in STOPS:
-            signal.signal(stop, _exit)
+            signal.signal(stop, _quit if stop == signal.SIGQUIT else _exit)
 
     def _install_sigquit_handler(self) -> None:
         pass  # SIGQUIT keeps init_signals' handler, set outside the loop so it outlives it
