@@ -53,6 +53,7 @@ def test_a_normal_stop_of_the_web_app_logs_no_error_and_exits_0(settings, stop):
     _stop_and_check(settings, stop)
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_quick_stop_while_requests_arrive_exits_0(settings):
     # SIGQUIT lands wherever the worker's main thread is: raised there as SystemExit inside a
     # uvloop transport's callback, it was logged as a transport's fatal error and swallowed, and
