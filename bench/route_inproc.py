@@ -1,6 +1,6 @@
 """CPU per request of pop, progress and submit inside the web process: no HTTP server, no load.
 
-Run:  .venv/bin/python bench/route_inproc.py [--calls 2000] [--queued 5000] [--profile 40]
+Run:  .venv/bin/python bench/route_inproc.py [--calls 2000] [--queued 5000] [--profile 40 [--sort cumulative]]
 
 (under a minute; the JSON goes to stdout, a profile, if asked for, to stderr.)
 
@@ -14,7 +14,8 @@ beside the old commit at the same moment. `--profile N` also prints the N costli
 
 It uses the database of bench/route_throughput.py (hordeops_bench_routes) and Redis database
 10, queues --queued requests with `bench/fill.py`, pops 30 jobs to warm up, then measures
---calls pops, --calls progress posts on the chat jobs popped and --calls submits.
+--calls pops, --calls progress posts on the chat jobs popped, --calls submits and --calls pops
+of an idle worker (a model nobody asked for, as in bench/idle_fleet.py).
 """
 
 import argparse
@@ -52,6 +53,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--queued", type=int, default=5000)
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
+    parser.add_argument(
+        "--sort", choices=("tottime", "cumulative"), default="tottime", help="the profile's order"
+    )
     args = parser.parse_args()
     prepare_database(DB_NAME, _env())
     os.environ.update(_env())
@@ -67,7 +71,7 @@ def main() -> None:
     from hordeops.asgi import application, django_application
 
     django_application.application._sync_threads = InlineExecutor()
-    figures = asyncio.run(_measure(application, api_key, args.calls, args.profile))
+    figures = asyncio.run(_measure(application, api_key, args.calls, args.profile, args.sort))
     print(
         json.dumps(
             {
@@ -85,7 +89,7 @@ def main() -> None:
     )
 
 
-async def _measure(application, api_key: str, calls: int, profile: int) -> dict[str, float]:
+async def _measure(application, api_key: str, calls: int, profile: int, sort: str) -> dict[str, float]:
     async def post(path: str, body: dict) -> dict:
         raw = json.dumps(body).encode()
         scope = {
@@ -150,8 +154,18 @@ async def _measure(application, api_key: str, calls: int, profile: int) -> dict[
     async def submit(i: int) -> None:
         await post("/api/v2/generate/text/submit", {"id": jobs[30 + i], "generation": "The end."})
 
+    # An idle worker's poll, as in bench/idle_fleet.py: one model that nobody asked for.
+    idle_body = {"name": "inproc-idle", "models": ["inproc-idle-model"], "chat": True, "max_length": 4096,
+                 "max_context_length": 8192}  # fmt: skip
+
+    async def pop_idle(_: int) -> None:
+        job = await post("/api/v2/generate/text/pop", idle_body)
+        assert job["id"] is None, job
+
+    await pop_idle(0)  # checks the idle worker in
+
     figures = {}
-    for name, call in (("pop", pop), ("progress", progress), ("submit", submit)):
+    for name, call in (("pop", pop), ("progress", progress), ("submit", submit), ("pop_idle", pop_idle)):
         profiler = cProfile.Profile(time.thread_time) if profile else None
         started = time.process_time()
         if profiler:
@@ -163,7 +177,7 @@ async def _measure(application, api_key: str, calls: int, profile: int) -> dict[
         figures[name] = round((time.process_time() - started) / calls * 1000, 3)
         if profiler:
             out = io.StringIO()
-            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(profile)
+            pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(profile)
             print(f"--- {name} (profiled: {figures[name]} ms per call)\n{out.getvalue()}", file=sys.stderr)
     return figures
 

@@ -214,6 +214,8 @@ ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# A count made on every pop reaches Redis within this many seconds (0: at once): hordeops/metrics.py.
+METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 1.0)
 
 # --- Django ----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)

@@ -132,7 +132,7 @@ def pop_generation(
     trusted = worker.account.trusted
     cap = leases.cap_seconds(trusted=trusted)
     if worker.capacity_limited:
-        metrics.increment(metrics.POP_LEASE_CAPACITY_LIMITED, now=now)
+        metrics.increment_soon(metrics.POP_LEASE_CAPACITY_LIMITED, now=now)
     params = {
         **pop_params(worker, trusted=trusted, now=now),
         "amount": amount,

@@ -1,7 +1,10 @@
 """`/metrics`: the horde's counters, every label set present, summed over every process."""
 
+import os
 import time
 
+import pytest
+import redis
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
@@ -66,3 +69,70 @@ def test_the_capacity_limited_gauge_counts_such_workers_online_now_not_their_pol
     assert (samples[counter] - before, samples[gauge]) == (5, 1)
     time_machine.shift(301)  # past WORKER_ONLINE_SECONDS: no longer online
     assert scrape()[gauge] == 0
+
+
+def _stored(field: str, client=None) -> int:
+    return int((client or metrics._redis()).hget(metrics.METRICS_KEY, field) or 0)
+
+
+def test_a_count_made_soon_shows_on_the_next_scrape_of_its_process(db):
+    key = ("horde_pop_lease_capacity_limited_total", ())
+    before = scrape()[key]
+    metrics.increment_soon(metrics.POP_LEASE_CAPACITY_LIMITED, amount=2, now=timezone.now())
+    assert scrape()[key] == before + 2
+
+
+def test_a_count_made_soon_reaches_redis_within_the_flush_interval_without_a_read(settings):
+    settings.METRICS_FLUSH_SECONDS = 0.05
+    field = "test_soon|written"  # a field of this test's own: no other count lands in it
+    before = _stored(field)
+    counts = metrics.PendingCounts()
+    counts.add(field, metrics.minute_key(timezone.now()), 2)
+    counts.add(field, metrics.minute_key(timezone.now()), 1)
+    deadline = time.monotonic() + 5
+    while _stored(field) != before + 3:
+        assert time.monotonic() < deadline, "the writing thread did not write the pending counts"
+        time.sleep(0.02)
+
+
+def test_with_no_flush_interval_a_count_made_soon_is_written_at_once(db, settings):
+    settings.METRICS_FLUSH_SECONDS = 0
+    field = metrics.POP_LEASE_CAPACITY_LIMITED.field()
+    metrics.pending.flush()
+    before = _stored(field)
+    metrics.increment_soon(metrics.POP_LEASE_CAPACITY_LIMITED, now=timezone.now())
+    assert _stored(field) == before + 1
+
+
+def test_counts_that_redis_could_not_take_are_kept_for_the_next_write(private_redis):
+    client = redis.Redis.from_url(private_redis.url, socket_timeout=2)
+    counts = metrics.PendingCounts(client=lambda: client)
+    bucket = metrics.minute_key(timezone.now())
+    private_redis.kill()
+    counts.add("test_soon|kept", bucket, 3)
+    with pytest.raises(redis.ConnectionError):
+        counts.flush()
+    counts.add("test_soon|kept", bucket, 1)
+    private_redis.start()  # empty, as after a crash: what it holds is what was written since
+    counts.flush()
+    counts.flush()  # nothing is written twice
+    assert _stored("test_soon|kept", client) == 4
+    assert int(client.hget(bucket, "test_soon|kept")) == 4
+    assert 0 < client.ttl(bucket) <= metrics.MINUTE_KEY_TTL_SECONDS
+
+
+def test_a_forked_child_leaves_its_parents_pending_counts_to_the_parent(settings):
+    settings.METRICS_FLUSH_SECONDS = 60  # its thread writes nothing while the test runs
+    field = "test_soon|forked"
+    before = _stored(field)
+    counts = metrics.PendingCounts()
+    counts.add(field, metrics.minute_key(timezone.now()), 5)
+    child = os.fork()
+    if child == 0:  # the child: nothing pending, so nothing of the parent's is written twice
+        counts.flush()
+        os._exit(0)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _stored(field) == before
+    counts.flush()
+    assert _stored(field) == before + 5
