@@ -13,8 +13,11 @@ from hordeops.serializers import (  # noqa: F401  (the horde routes' error shape
     StrictFloatField,
     StrictIntegerField,
     StrictUUIDField,
+    quick_validator,
 )
 from jobs import leases
+
+_quick: dict[type, object] = {}  # WorkerInput class -> its one-pass check
 
 
 class WorkerInput(serializers.Serializer):
@@ -33,6 +36,15 @@ class WorkerInput(serializers.Serializer):
         if kwargs.get("context") or kwargs.get("partial"):
             raise TypeError("A WorkerInput's fields are shared: they see no context and no partial update.")
         super().__init__(*args, **kwargs)
+
+    @classmethod
+    def quick(cls, data: object) -> dict | None:
+        """The body validated in one pass, or None where DRF's full validation must judge it
+        (`hordeops.serializers.quick_validator`: the same result, and only DRF writes errors)."""
+        validate = _quick.get(cls)
+        if validate is None:
+            validate = _quick.setdefault(cls, quick_validator(cls) or (lambda data: None))
+        return validate(data)
 
     @cached_property
     def fields(self):

@@ -35,13 +35,15 @@ def _validated(serializer_class, request: Request) -> dict:
 def _worker_post(serializer_class, request: Request) -> tuple[str | None, dict]:
     """A worker route's API key and its validated body.
 
-    The service checks the key in its own first statement (a round trip saved on the
+    The body is checked in one pass where it is plainly valid (`WorkerInput.quick`), by
+    DRF otherwise. The service checks the key in its own first statement (a round trip saved on the
     hottest routes). A body refused here is refused for a bad key first, 401 before 400,
     as when the key was checked before the body was read.
     """
     api_key = request.headers.get("apikey")
     try:
-        return api_key, _validated(serializer_class, request)
+        data = serializer_class.quick(request.data)
+        return api_key, data if data is not None else _validated(serializer_class, request)
     except Exception:
         authenticate(api_key=api_key)
         raise
