@@ -21,7 +21,8 @@ For each N in --streams:
    connections to the bench database and Redis clients, by name.
 3. `serving`: --workers chat workers (threads in two processes, each on a keep-alive
    connection) pop the jobs and post --deltas progress posts each, paced so that the posts add
-   up to --posts-per-second, then submit. Each delta carries the worker's send time
+   up to --posts-per-second (each worker from a random phase of the interval), then submit.
+   Each delta carries the worker's send time
    (`time.time()`, the same clock on this one machine), so the requester measures the relay
    latency from the worker's post to the SSE chunk's arrival, end to end. Reported: streams
    finished with `[DONE]`, errors (a status other than 200, an error event, a stream cut or
