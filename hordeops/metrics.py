@@ -160,7 +160,10 @@ class PendingCounts:
 
     def _run(self) -> None:
         while True:
-            time.sleep(settings.METRICS_FLUSH_SECONDS)
+            # With no interval (0) counts are written at once and this only picks up what is
+            # left: a second's sleep, not a loop that spins (a negative sleep would end it).
+            seconds = settings.METRICS_FLUSH_SECONDS
+            time.sleep(seconds if seconds > 0 else 1.0)
             self.flush_quietly()
 
 
