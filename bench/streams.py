@@ -21,7 +21,7 @@ For each N in --streams:
    connections to the bench database and Redis clients, by name.
 3. `serving`: --workers chat workers (threads in two processes, each on a keep-alive
    connection) pop the jobs and post --deltas progress posts each, paced so that the posts add
-   up to --posts-per-second (each worker from a random phase of the interval), then submit.
+   up to --posts-per-second (each worker from a random point of the job's cycle), then submit.
    Each delta carries the worker's send time
    (`time.time()`, the same clock on this one machine), so the requester measures the relay
    latency from the worker's post to the SSE chunk's arrival, end to end. Reported: streams
@@ -185,11 +185,12 @@ def _worker_thread(port: int, api_key: str, name: str, args: dict, stop, out: di
     interval = args["workers"] / args["posts_per_second"]
     pop = {"name": name, "models": [MODEL], "chat": True, "max_length": 4096, "max_context_length": 8192}
     record: dict = {"pop": [], "progress": [], "submit": [], "non_200": [], "jobs": 0}
-    # Each worker starts at a phase of its own within the posting interval, as independent
-    # workers would. Started together, the 64 posted in step: every interval brought a burst of
-    # 64 posts (and, after the last delta, of 64 submits and pops) to 4 sync threads, and the
-    # burst's queue, not the routes, set the p99.
-    time.sleep(random.uniform(0, interval))
+    # Each worker starts at a point of its own in the job's cycle (--deltas posts), as
+    # independent workers would. Started together, the 64 posted in step: every interval
+    # brought a burst of 64 posts to the 4 sync threads, and the burst's queue, not the routes,
+    # set the p99. Started within one interval, they still ended their jobs in step: every
+    # cycle brought all 64 submits and pops (the heaviest requests) within one interval.
+    time.sleep(random.uniform(0, interval * args["deltas"]))
     next_post = time.monotonic()
     while not stop.is_set():
         status, job, ms = connection.post("/api/v2/generate/text/pop", pop)
