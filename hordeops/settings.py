@@ -52,6 +52,19 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false")
 
 
+def env_gc_thresholds(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Three positive whole numbers, comma-separated: `gc.set_threshold`'s (0 would turn collection off)."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    parts = [part.strip() for part in raw.split(",")]
+    if len(parts) != 3 or not all(part.isascii() and part.isdigit() and int(part) > 0 for part in parts):
+        raise ImproperlyConfigured(
+            f"{name} must be three positive whole numbers, comma-separated (e.g. 700,100,10)"
+        )
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
 # The largest maximum accepted: about 24 days, far beyond any generation, and safe for
 # the date arithmetic a deadline goes through.
 DEADLINE_MS_CEILING = 2**31 - 1
@@ -226,6 +239,11 @@ WEB_SYNC_THREADS = env_int("WEB_SYNC_THREADS", 2)
 # Threads per web process that run the chat routes' database steps (hordeops/asyncdb.py): an
 # open stream holds none of them, nor a connection, between steps.
 WEB_ASYNC_DB_THREADS = env_int("WEB_ASYNC_DB_THREADS", 2)
+# The web processes' garbage collector thresholds (hordeops/web_worker.py settle_gc): Python's
+# own but for the middle one (10), so that the objects of requests in flight reach the oldest
+# generation a tenth as often, and with them its full passes, which stop every request and
+# stream of the process for about 100 ms once thousands of streams are open (docs/benchmarks.md).
+WEB_GC_THRESHOLDS = env_gc_thresholds("WEB_GC_THRESHOLDS", (700, 100, 10))
 ALLOWED_HOSTS = env_str("ALLOWED_HOSTS", "*").split(",")
 
 INSTALLED_APPS = [
