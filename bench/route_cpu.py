@@ -130,7 +130,7 @@ def main() -> None:
                     "load_average_1m": round(os.getloadavg()[0], 2),
                     "python_loop_seconds": python_loop_seconds(),
                 },
-                "server": "gunicorn -k uvicorn.workers.UvicornWorker -w 1, one request at a time",
+                "server": "gunicorn -k hordeops.web_worker.QuietUvicornWorker -w 1, one request at a time",
                 "queued_requests": args.queued,
                 **figures,
             },

@@ -9,10 +9,10 @@ It uses its own database (hordeops_bench_routes, created and migrated if missing
 database 10. For each queue size it empties the tables, fills the queue with `bench/fill.py`
 (chat and text requests over 20 models; at 100 queued each request wants 20 generations, so
 that the pops do not empty the queue), starts gunicorn with --web-workers uvicorn workers
-(`-k uvicorn.workers.UvicornWorker`, as in production) on a free loopback port, and runs the
-load from --clients separate processes of --threads threads each, every thread one keep-alive
-HTTP/1.1 connection and one worker name (a chat worker serving all 20 models). Three phases,
-each started together across the processes:
+(`-k hordeops.web_worker.QuietUvicornWorker`, as `bin/web` runs it) on a free loopback port,
+and runs the load from --clients separate processes of --threads threads each, every thread
+one keep-alive HTTP/1.1 connection and one worker name (a chat worker serving all 20
+models). Three phases, each started together across the processes:
 
     pop       --calls pops in all, each taking a job (the queue holds more than that)
     progress  --calls progress posts on the chat jobs popped, each with new output (so each
@@ -274,7 +274,7 @@ def main() -> None:
                     "python_loop_seconds": loop_seconds,
                     "also_running": "PostgreSQL and Redis (same machine), the load processes",
                 },
-                "server": f"gunicorn -k uvicorn.workers.UvicornWorker -w {args.web_workers}",
+                "server": f"gunicorn -k hordeops.web_worker.QuietUvicornWorker -w {args.web_workers}",
                 "load": (
                     f"{args.clients} processes x {args.threads} threads, each on a keep-alive"
                     f" connection renewed every {args.reconnect_every} requests"

@@ -472,7 +472,7 @@ def main() -> None:
                     "python_loop_seconds": loop_seconds,
                     "also_running": "PostgreSQL and Redis, the requester and worker processes",
                 },
-                "server": f"gunicorn -k uvicorn.workers.UvicornWorker -w {args.web_workers}"
+                "server": f"gunicorn -k hordeops.web_worker.QuietUvicornWorker -w {args.web_workers}"
                 + (" (x2: requesters on one, workers on the other)" if args.split else ""),
                 "load": (
                     f"{args.workers} chat workers in 2 processes, {args.deltas} progress posts a job,"
