@@ -35,8 +35,8 @@ def settle_gc() -> None:
     several times a minute, each time delaying every request and relayed delta of the process
     that much (half the relay's p99 in bench/streams.py). So:
 
-    - what the app loaded is frozen out of every pass (`gc.freeze`: tens of thousands of
-      objects that live as long as the process), after a collection so that no garbage is kept;
+    - what the app loaded is frozen out of every pass (`gc.freeze`: about 100,000 objects
+      that live as long as the process), after a collection so that no garbage is kept;
     - the thresholds are WEB_GC_THRESHOLDS. Python's middle threshold (10) promotes what is in
       flight at each tenth young pass to the oldest generation, where it counts towards the next
       full pass even once it has died; 100 promotes a tenth as much.

@@ -1,6 +1,5 @@
 """The web processes' garbage collector: the app's objects frozen, the thresholds WEB_GC_THRESHOLDS."""
 
-import gc
 import json
 import os
 import signal
@@ -35,9 +34,8 @@ def test_a_web_worker_freezes_what_the_app_loaded_and_takes_its_thresholds_from_
         os.killpg(server.pid, signal.SIGTERM)
         server.communicate(timeout=30)
     assert state["threshold"] == [900, 90, 9]
-    # Django, DRF and the app's modules: far more than this test process has frozen (none).
+    # Django, DRF and the app's modules (about 100,000 objects); a process that froze nothing has 0.
     assert state["frozen"] > 50_000
-    assert gc.get_freeze_count() == 0
 
 
 def test_the_thresholds_default_to_pythons_with_a_tenth_as_many_promotions(monkeypatch):
