@@ -52,19 +52,6 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be true or false")
 
 
-def env_gc_thresholds(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
-    """Three positive whole numbers, comma-separated: `gc.set_threshold`'s (0 would turn collection off)."""
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    parts = [part.strip() for part in raw.split(",")]
-    if len(parts) != 3 or not all(part.isascii() and part.isdigit() and int(part) > 0 for part in parts):
-        raise ImproperlyConfigured(
-            f"{name} must be three positive whole numbers, comma-separated (e.g. 700,100,10)"
-        )
-    return int(parts[0]), int(parts[1]), int(parts[2])
-
-
 # The largest maximum accepted: about 24 days, far beyond any generation, and safe for
 # the date arithmetic a deadline goes through.
 DEADLINE_MS_CEILING = 2**31 - 1
@@ -75,6 +62,19 @@ def _ascii_int(raw: str) -> int | None:
     if raw and raw.isascii() and raw.isdigit() and len(raw) <= 15:
         return int(raw)
     return None
+
+
+def env_gc_thresholds(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Three positive whole numbers, comma-separated: `gc.set_threshold`'s (0 would turn collection off)."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
+        return default
+    values = [_ascii_int(part.strip()) for part in raw.split(",")]
+    if len(values) != 3 or not all(values):  # None (not a number) or 0
+        raise ImproperlyConfigured(
+            f"{name} must be three positive whole numbers, comma-separated (e.g. 700,100,10)"
+        )
+    return values[0], values[1], values[2]
 
 
 def env_deadline_max_ms(name: str, default: int) -> int | None:
