@@ -199,6 +199,9 @@ TEXT_JOB_PREPARATION_SECONDS = env_int("TEXT_JOB_PREPARATION_SECONDS", 30)
 TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS = env_int("TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS", 600)
 UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS = env_int("UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS", 200)
 UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND = env_int("UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND", 10)
+# The most one completed job counts towards a worker's speed, however soon it is submitted
+# (jobs/claims.py): a worker cannot buy the speed gate's first tier by handing jobs in at once.
+TEXT_WORKER_MAX_TOKENS_PER_SECOND = env_int("TEXT_WORKER_MAX_TOKENS_PER_SECOND", 500)
 # An empty pop's `skipped` counts are reused for this long per worker and web process (0: counted
 # at every empty pop): jobs/services/pop.py RecentSkips.
 POP_SKIPPED_CACHE_SECONDS = env_int("POP_SKIPPED_CACHE_SECONDS", 10)

@@ -339,9 +339,10 @@ def _which(one: bool) -> str:
 
 @cache
 def ending_generations(one: bool = False) -> str:
-    """Running generations of requests past their lifetime or deadline, locked, with why."""
+    """Running generations of requests past their lifetime or deadline, locked, with why and
+    the request's max_length."""
     return f"""
-        SELECT g.id, {_EXPIRY_REASON} FROM {GENERATIONS} AS g
+        SELECT g.id, {_EXPIRY_REASON}, r.max_length FROM {GENERATIONS} AS g
         JOIN {REQUESTS} AS r ON g.request_id = r.id
         WHERE g.state = '{PROCESSING}' AND r.state = '{ACTIVE}' AND r.expires_at <= %(now)s{_which(one)}
         FOR UPDATE OF g

@@ -28,10 +28,15 @@ def lease_window_seconds() -> int:
     return generating_seconds(settings.TEXT_JOB_LEASE_SECONDS)
 
 
+# The largest capacity kept (a generation's `capacity_at_pop` is a PostgreSQL integer): far
+# beyond any max_length, so the speed gate reads it as it would the real figure.
+CAPACITY_CEILING = 2**31 - 1
+
+
 def capacity(speed: float | None) -> int:
     """A worker's chat capacity in tokens: what it can produce inside the base lease."""
     effective = settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND if speed is None else speed
-    return int(effective * lease_window_seconds())
+    return min(int(effective * lease_window_seconds()), CAPACITY_CEILING)
 
 
 def capacity_expression(speed: str = "speed") -> ExpressionWrapper:

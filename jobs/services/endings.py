@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django_redis import get_redis_connection
 
 from hordeops import clock, errors, metrics
-from jobs import leases, relay, sql
+from jobs import claims, leases, relay, sql
 from jobs.models import TextRequest
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def cancel_request(
             request.ending = reason
             request.save(update_fields=["state", "queued", "ending"])
             running = list(request.generations.processing().values_list("pk", flat=True))
-            _cancel_generations(running, reason, now)
+            _cancel_generations({generation_id: request.max_length for generation_id in running}, reason, now)
             failures = [(request.pk, reason)] if request.kind == TextRequest.Kind.CHAT else []
             # Robust: with Redis down the cancellation still commits; the leases then expire.
             transaction.on_commit(lambda: _end_streams(failures, running), robust=True)
@@ -79,9 +79,9 @@ def expire_past(cursor, *, now: datetime, request_id: UUID | None = None) -> tup
     one = request_id is not None
     cursor.execute(sql.ending_generations(one), params)
     ending = cursor.fetchall()
-    for why in {why for _, why in ending}:
-        _cancel_generations([g for g, w in ending if w == why], why, now)
-    cancelled = [generation_id for generation_id, _ in ending]
+    for why in {why for _, why, _ in ending}:
+        _cancel_generations({g: length for g, w, length in ending if w == why}, why, now)
+    cancelled = [generation_id for generation_id, _, _ in ending]
     cursor.execute(sql.expire_requests(one), params)
     expired = cursor.fetchall()
     chats = [(expired_id, why) for expired_id, kind, why in expired if kind == TextRequest.Kind.CHAT]
@@ -132,28 +132,34 @@ def _redis():
     return get_redis_connection("default")
 
 
-def _cancel_generations(generation_ids: list[UUID], reason: str, now: datetime) -> None:
-    """Cancel generations in workers' hands, keeping their settlement information.
+def _cancel_generations(max_lengths: dict[UUID, int], reason: str, now: datetime) -> None:
+    """Cancel generations in workers' hands (each with its request's max_length), keeping
+    their settlement information.
 
     Usage is unknown (the worker never confirmed a final count); the tokens relayed are the
-    worker's last reported count, or the relayed characters / 4. No text is kept.
+    worker's last reported count within what it relayed (`jobs.claims`), or the relayed bytes
+    / 4. No text is kept.
     """
-    if not generation_ids:
+    if not max_lengths:
         return
+    generation_ids = list(max_lengths)
     settlement = []
     try:
         states = leases.states(generation_ids)
     except redis.exceptions.RedisError:
         # Redis is down (the cancellation may be because of it): what was relayed is unknown.
         states = [None] * len(generation_ids)
-    for lease in states:
+    for generation_id, lease in zip(generation_ids, states, strict=True):
         if lease is None:
             relayed = None
         else:
+            output_bytes = int(lease.get("output_len", 0))
             relayed = (
-                int(lease["tokens"])
+                claims.tokens(
+                    int(lease["tokens"]), max_length=max_lengths[generation_id], output_bytes=output_bytes
+                )
                 if lease.get("tokens")
-                else math.ceil(int(lease.get("output_len", 0)) / 4)
+                else math.ceil(output_bytes / 4)
             )
         settlement.append(
             json.dumps({"usage": "unknown", "tokens_relayed": relayed, "reservation": None, "reason": reason})

@@ -10,7 +10,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from hordeops import clock, errors
-from jobs import leases, relay, sql
+from jobs import claims, leases, relay, sql
 from jobs.models import Generation, TextRequest
 from jobs.services.endings import _relay_restarts, _restart_requests
 from jobs.services.posts import _posted_generation, _refusal, _refuse_past_deadline, _too_long
@@ -73,10 +73,13 @@ def _submit(
         raise _too_long(text_request)
     tokens = estimate_tokens(text, text_request.max_length)
     if text_request.kind == TextRequest.Kind.CHAT:
-        # A streaming worker's own running count beats the four-characters estimate.
+        # A streaming worker's own running count beats the four-characters estimate, within
+        # what it handed in.
         reported = leases.state(generation.pk).get("tokens")
-        tokens = int(reported) if reported else tokens
-    elapsed = max((now - generation.popped_at).total_seconds(), 0.001)
+        if reported:
+            tokens = claims.tokens(
+                int(reported), max_length=text_request.max_length, output_bytes=len(text.encode())
+            )
     reward = _reward(tokens)
     # One statement, so one implicit transaction (`sql.accept`): the generation's
     # compare-and-set, the request's count and the worker's speed.
@@ -92,7 +95,9 @@ def _submit(
                 "gen_metadata": json.dumps(gen_metadata),
                 "tokens": tokens,
                 "reward": reward,
-                "sample": tokens / elapsed,
+                "sample": claims.speed_sample(
+                    tokens=tokens, seconds=(now - generation.popped_at).total_seconds()
+                ),
                 "window": Worker.SPEED_WINDOW,
             },
         )
