@@ -12,6 +12,8 @@ from urllib.parse import unquote, urlsplit
 from celery.schedules import schedule
 from django.core.exceptions import ImproperlyConfigured
 
+from hordeops.parsing import ascii_int
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 logger = logging.getLogger("hordeops.settings")
@@ -58,10 +60,7 @@ DEADLINE_MS_CEILING = 2**31 - 1
 
 
 def _ascii_int(raw: str) -> int | None:
-    """A plain ASCII decimal integer, or None (str.isdigit() also accepts '²' and '١')."""
-    if raw and raw.isascii() and raw.isdigit() and len(raw) <= 15:
-        return int(raw)
-    return None
+    return ascii_int(raw, max_digits=15)
 
 
 def env_gc_thresholds(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:

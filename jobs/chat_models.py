@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from hordeops import clock, errors
+from hordeops.parsing import ascii_int
 from jobs.chat import chat_caller
 from jobs.protocols import PROTOCOLS, ChatProtocol
 from workers.models import Worker
@@ -42,11 +43,8 @@ def _anthropic(model: str, created: datetime) -> dict[str, Any]:
 
 def _anthropic_page(request: HttpRequest, entries: list[dict[str, Any]]) -> dict[str, Any]:
     """Anthropic's cursor page: `limit` (1-1000, default 20), after `after_id` or before `before_id`."""
-    try:
-        limit = int(request.GET.get("limit", 20))
-    except ValueError:
-        raise errors.BadRequest("limit must be a whole number from 1 to 1000.") from None
-    if not 1 <= limit <= 1000:
+    limit = ascii_int(request.GET.get("limit", "20"), max_digits=4)
+    if limit is None or not 1 <= limit <= 1000:
         raise errors.BadRequest("limit must be a whole number from 1 to 1000.")
     ids = [entry["id"] for entry in entries]
     start, end = 0, len(entries)

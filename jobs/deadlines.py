@@ -165,7 +165,8 @@ def budget_for(request: HttpRequest) -> Budget | None:
         and len(internal.lstrip("0")) <= _MAX_DIGITS
         and _authenticated_internal(request, internal)
     ):
-        limits.append(max(1, int(internal)))
+        # Within the accepted range too: alone, a huge one would overflow the request's wall-clock deadline.
+        limits.append(min(max(1, int(internal)), maximum))
     if not limits:
         return None
     route_limit = _route_limit(request.path)

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
+from hordeops.parsing import MAX_DIGITS, ascii_int
 from hordeops.serializers import APIKEY_AUTH
 from jobs import deadlines, discovery, services
 from jobs import serializers as s
@@ -262,9 +263,10 @@ def _count_param(request: Request, name: str) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return None
-    if not raw.isdigit():
-        raise errors.BadRequest(f"{name} must be a whole number.")
-    return int(raw)
+    count = ascii_int(raw)
+    if count is None:
+        raise errors.BadRequest(f"{name} must be a whole number of at most {MAX_DIGITS} digits.")
+    return count
 
 
 class ModelsStatusView(APIView):

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
+from hordeops.parsing import ascii_int
 from hordeops.serializers import (
     APIKEY_AUTH,
     OPTIONAL_APIKEY_AUTH,
@@ -69,12 +70,9 @@ class UserView(APIView):
         auth=OPTIONAL_APIKEY_AUTH,
     )
     def get(self, request: Request, user_id: str) -> Response:
-        # Digits only, and within a bigint: anything else is no user, not a database error.
-        account = (
-            Account.objects.filter(pk=int(user_id)).first()
-            if user_id.isdigit() and len(user_id) < 19
-            else None
-        )
+        # ASCII digits only, and within a bigint: anything else is no user, not a database error.
+        number = ascii_int(user_id)
+        account = Account.objects.filter(pk=number).first() if number is not None else None
         if account is None:
             raise errors.UserNotFound()
         privileged = _may_see(_caller(request), account.pk)

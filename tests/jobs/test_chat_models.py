@@ -63,6 +63,10 @@ def test_anthropic_models_list_pages_and_retrieve_in_anthropics_shape(listed):
     with pytest.raises(anthropic.NotFoundError) as raised:
         sdk.models.retrieve("no/such-model")
     assert raised.value.body["error"]["type"] == "not_found_error"
+    headers = {"x-api-key": requester.api_key, "anthropic-version": "2023-06-01"}
+    for limit in ("0", "1001", "x", "²", "9" * 4301):
+        refused = httpx.get(f"{url}/v1/models", params={"limit": limit}, headers=headers)
+        assert (refused.status_code, refused.json()["error"]["type"]) == (400, "invalid_request_error"), limit
 
 
 @pytest.mark.parametrize("live_stack", [1], indirect=True)

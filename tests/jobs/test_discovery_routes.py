@@ -35,7 +35,12 @@ def test_status_models_lists_what_online_workers_serve_and_what_waits_for_each(r
     assert [m["name"] for m in only_big] == ["m1"]
     assert requester.client.get("/api/v2/status/models?type=text&model_state=custom").json() == []
     assert requester.client.get("/api/v2/status/models?type=video").status_code == 400
-    assert requester.client.get("/api/v2/status/models?type=text&min_count=x").status_code == 400
+    # '²' passes str.isdigit() and fails int(), as do 4,301 digits: each was a 500.
+    for bad in ("x", "²", "①", "١", "-1", " 1", "9" * 19, "9" * 4301):
+        refused = requester.client.get("/api/v2/status/models", {"type": "text", "min_count": bad})
+        assert (refused.status_code, refused.json()["rc"]) == (400, "BadRequest"), bad
+        refused = requester.client.get("/api/v2/status/models", {"type": "text", "max_count": bad})
+        assert refused.status_code == 400, bad
 
 
 def test_a_model_whose_worker_is_in_maintenance_is_not_counted(requester, owner):

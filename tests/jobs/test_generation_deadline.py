@@ -915,6 +915,14 @@ def test_an_internal_deadline_counts_only_when_signed_fresh_and_only_shortens(re
         assert 55000 < _internal_budget(requester, "60000", headers) <= 60000
 
 
+def test_a_signed_internal_deadline_alone_is_held_to_the_largest_accepted_one(requester, owner, settings):
+    owner.pop("w")
+    settings.INTERNAL_HOP_SECRET = "s3cret"
+    for remaining_ms in (2 * 10**14 + 1, 10**15 - 1):  # past a datetime's range as a deadline
+        budget = _internal_budget(requester, None, _signed(remaining_ms))
+        assert settings.GENERATION_DEADLINE_MAX_MS - 5000 < budget <= settings.GENERATION_DEADLINE_MAX_MS
+
+
 def test_a_captured_internal_deadline_header_counts_once_and_its_replays_are_ignored(
     requester, owner, settings
 ):

@@ -43,6 +43,7 @@ def test_a_users_details_are_public_but_its_worker_ids_are_shown_only_to_itself_
 
 
 def test_an_unknown_or_malformed_user_id_is_UserNotFound(requester):
-    for user_id in ("999999", "abc", "-1", "", "9" * 30):
+    # '²' and '①' pass str.isdigit() and fail int(): each was a 500 on this keyless route.
+    for user_id in ("999999", "abc", "-1", "", "9" * 30, "²", "①", "١", "1²", "9" * 4301):
         answer = requester.client.get(f"/api/v2/users/{user_id}")
         assert (answer.status_code, answer.json()["rc"]) == (404, "UserNotFound"), user_id
