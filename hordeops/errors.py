@@ -70,6 +70,25 @@ class BodyTimeout(DomainError):
     default_message = "The request body did not arrive in time."
 
 
+class HeadTimeout(DomainError):
+    code = "RequestTimeout"
+    status = 408
+    default_message = "The request line and headers did not arrive in time."
+
+
+class HeadTooLarge(DomainError):
+    code = "RequestHeaderFieldsTooLarge"
+    status = 431
+    default_message = "The request line and headers are larger than this server takes."
+
+
+class TooManyConnections(DomainError):
+    code = "ServiceUnavailable"
+    status = 503
+    default_message = "This server holds as many connections as it may: try again shortly."
+    retry_after = 1
+
+
 class TooManyPrompts(DomainError):
     """The account already has as many waiting or running requests as it may (the AI Horde's rc)."""
 

@@ -331,6 +331,12 @@ MAX_REQUEST_BODY_BYTES = 1024 * 1024
 # (hordeops/asgi.py): a slow sender cannot hold a connection and a web process's memory.
 REQUEST_BODY_STALL_SECONDS = env_int("REQUEST_BODY_STALL_SECONDS", 5)
 REQUEST_BODY_SECONDS = env_int("REQUEST_BODY_SECONDS", 30)
+# The request line and headers: complete this soon after the connection opens or the head's first
+# byte, and at most this large (bin/web: hordeops/web_protocol.py), else 408 or 431 and closed.
+REQUEST_HEAD_SECONDS = env_float("REQUEST_HEAD_SECONDS", 10.0)
+REQUEST_HEAD_MAX_BYTES = env_int("REQUEST_HEAD_MAX_BYTES", 32 * 1024)
+# Connections one web process holds at most (open streams included); the next is 503 and closed.
+WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 10000)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
 
 LANGUAGE_CODE = "en-us"

@@ -8,6 +8,8 @@ from types import FrameType
 from django.conf import settings
 from uvicorn.workers import UvicornWorker
 
+from hordeops.web_protocol import BoundedHeadProtocol
+
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
@@ -62,7 +64,13 @@ class QuietUvicornWorker(UvicornWorker):
     is exiting it ignores every stop signal.
 
     Once the app is loaded, the process's garbage collector is settled (`settle_gc`).
+
+    Its connections speak `hordeops.web_protocol.BoundedHeadProtocol`: uvicorn's httptools
+    protocol with each request head bounded in size and time, and the connections a process
+    holds bounded in number.
     """
+
+    CONFIG_KWARGS = {"loop": "auto", "http": BoundedHeadProtocol}
 
     def init_signals(self) -> None:
         super().init_signals()
