@@ -2,6 +2,7 @@
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -163,20 +164,62 @@ class BodyLimitMiddleware(MiddlewareMixin):
         return None
 
 
+def _client_address(request: HttpRequest) -> str:
+    return ratelimit.client_address(
+        request.META.get("REMOTE_ADDR", ""), request.headers.get("X-Forwarded-For", "")
+    )
+
+
 class RateLimitMiddleware(MiddlewareMixin):
-    """The requester routes' token buckets (hordeops.ratelimit), before any route's work."""
+    """The token buckets (hordeops.ratelimit), before any route's work; on the worker routes,
+    only for keys no account has, which each process remembers (`ratelimit.key_memory`)."""
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
-        if not ratelimit.is_requester_path(request.path):
+        path = request.path
+        if ratelimit.is_worker_path(path):
+            return self._worker_call(request)
+        if not ratelimit.is_limited_path(path):
             return None
-        address = ratelimit.client_address(
-            request.META.get("REMOTE_ADDR", ""), request.headers.get("X-Forwarded-For", "")
-        )
-        api_key = keys.requester_api_key(request.path, request.headers)
-        wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=address))
+        api_key = keys.requester_api_key(path, request.headers)
+        wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=_client_address(request)))
         if wait:
-            return error_response_for_path(request.path, errors.RateLimited(wait_seconds=wait))
+            return error_response_for_path(path, errors.RateLimited(wait_seconds=wait))
         return None
+
+    def _worker_call(self, request: HttpRequest) -> HttpResponse | None:
+        """A worker route's call: refused before the database when its key is known to be bad
+        or its address has spent its bucket on bad keys; else the route decides."""
+        api_key = request.headers.get("apikey") or ""
+        now = time.monotonic()
+        memory = ratelimit.key_memory
+        if not memory.blocking and not memory.is_bad(api_key, now):
+            return None  # the usual call: two look-ups in this process's memory
+        address = ratelimit.address_bucket(_client_address(request))
+        if memory.is_blocked(address, api_key, now):
+            return horde_json(errors.RateLimited(wait_seconds=1))
+        if memory.is_bad(api_key, now):
+            return self._bad_key(address, now) or horde_json(errors.InvalidAPIKey())
+        return None
+
+    def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if ratelimit.is_worker_path(request.path):
+            api_key = request.headers.get("apikey") or ""
+            if response.status_code == errors.InvalidAPIKey.status:
+                ratelimit.key_memory.bad(api_key, time.monotonic())
+                address = ratelimit.address_bucket(_client_address(request))
+                return self._bad_key(address, time.monotonic()) or response
+            if api_key and response.status_code < 400:
+                ratelimit.key_memory.good(api_key)
+        return response
+
+    def _bad_key(self, address: str, now: float) -> HttpResponse | None:
+        """Charge a bad key's call to its address: None while the bucket had a token, else the
+        429, the address refused before the database until the bucket has refilled."""
+        wait = ratelimit.take(ratelimit.address_buckets(address))
+        if not wait:
+            return None
+        ratelimit.key_memory.block(address, now + wait)
+        return horde_json(errors.RateLimited(wait_seconds=wait))
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

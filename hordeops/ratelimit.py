@@ -1,16 +1,30 @@
-"""Requester rate limits: a token bucket per API key and one per client address, in Redis.
+"""Rate limits: a token bucket per API key and one per client address, in Redis.
 
-One Lua script takes a token from each bucket the request belongs to, or from none: a
-request refused by one bucket costs the other nothing. Each bucket refills at its rate per
-second up to its burst. The client address is the connection's peer, or, when the peer is a
-proxy named in TRUSTED_PROXIES, the nearest address in X-Forwarded-For that is not such a
-proxy: a caller cannot choose its own address.
+Every route but the worker routes (pop, progress, submit), the operator's heartbeat and
+metrics, and static files takes a token: the requester routes, and every route that reads
+the database without a key (discovery, users, workers, the schema, the admin). One Lua
+script takes a token from each bucket the request belongs to, or from none: a request
+refused by one bucket costs the other nothing. Each bucket refills at its rate per second up
+to its burst.
+
+The client address is the connection's peer, or, when the peer is a proxy named in
+TRUSTED_PROXIES, the nearest address in X-Forwarded-For that is not such a proxy: a caller
+cannot choose its own address. An IPv6 address is bucketed by its /64, the least a network
+hands one subscriber, so that one client cannot take a bucket per address of its own.
+
+The worker routes are bounded by their own rules, but a call with a key no account has
+takes a token from its address's bucket, and such keys are remembered in each process for
+INVALID_KEY_CACHE_SECONDS (`KeyMemory`): the same bad key again is refused with no database
+statement, and an address whose bucket is empty is refused before the database for as long
+as it takes to refill, unless its key was seen to be good.
 """
 
 import hashlib
 import ipaddress
 import logging
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import redis.exceptions
@@ -21,9 +35,10 @@ from hordeops.keys import ANONYMOUS_API_KEY
 
 logger = logging.getLogger(__name__)
 
-# The routes of requesters (CONTRACT.md section 12); workers' pops, posts and submits are not
-# limited here: their own rules bound them.
-REQUESTER_PATHS = ("/api/v2/generate/text/async", "/api/v2/generate/text/status/", "/v1/")
+# Workers' pops, posts and submits: their own rules bound them (a bad key is limited apart).
+WORKER_PATHS = ("/api/v2/generate/text/pop", "/api/v2/generate/text/progress", "/api/v2/generate/text/submit")
+# What operators and their tools call, and what a page loads with it: never limited.
+UNLIMITED_PATHS = ("/api/v2/status/heartbeat", "/metrics", "/static/")
 
 # KEYS: the buckets. ARGV: now (ms), then rate per second and burst for each bucket.
 # Returns 0 when a token was taken from every bucket, or else the milliseconds until every
@@ -62,8 +77,26 @@ class Bucket:
     burst: int
 
 
-def is_requester_path(path: str) -> bool:
-    return path.startswith(REQUESTER_PATHS)
+def is_limited_path(path: str) -> bool:
+    return not path.startswith(WORKER_PATHS + UNLIMITED_PATHS)
+
+
+def is_worker_path(path: str) -> bool:
+    return path.startswith(WORKER_PATHS)
+
+
+def address_bucket(address: str) -> str:
+    """What an address is counted as: itself, an IPv4 address mapped into IPv6 as the IPv4
+    address, and any other IPv6 address as its /64."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return address
 
 
 def client_address(peer: str, forwarded_for: str) -> str:
@@ -97,8 +130,13 @@ def buckets(*, api_key: str, address: str) -> list[Bucket]:
         found.append(Bucket(f"hordeops:rate:key:{digest}", rate, burst))
     if address and settings.ADDRESS_RATE_PER_SECOND > 0:
         rate, burst = settings.ADDRESS_RATE_PER_SECOND, settings.ADDRESS_RATE_BURST
-        found.append(Bucket(f"hordeops:rate:addr:{address}", rate, burst))
+        found.append(Bucket(f"hordeops:rate:addr:{address_bucket(address)}", rate, burst))
     return found
+
+
+def address_buckets(address: str) -> list[Bucket]:
+    """The address's bucket alone (a worker route's call with a bad key)."""
+    return buckets(api_key="", address=address)
 
 
 def take(found: list[Bucket], *, now: float | None = None) -> float:
@@ -119,3 +157,65 @@ def take(found: list[Bucket], *, now: float | None = None) -> float:
         logger.warning("rate limit not checked: Redis is unavailable")
         return 0.0
     return wait_ms / 1000
+
+
+class KeyMemory:
+    """What one process remembers of the keys on worker routes, so that a flood of bad keys
+    costs no database statement: keys no account had (for INVALID_KEY_CACHE_SECONDS), keys
+    seen to be good (which pass an address's block), and addresses whose bucket a bad key
+    emptied, until it has refilled. Each map holds at most `SIZE` entries, the oldest dropped."""
+
+    SIZE = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bad: OrderedDict[str, float] = OrderedDict()
+        self._good: OrderedDict[str, None] = OrderedDict()
+        self._blocked: OrderedDict[str, float] = OrderedDict()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bad.clear()
+            self._good.clear()
+            self._blocked.clear()
+
+    def is_bad(self, api_key: str, now: float) -> bool:
+        until = self._bad.get(api_key)
+        return until is not None and until > now
+
+    @property
+    def blocking(self) -> bool:
+        """Whether any address is refused now, or was until lately."""
+        return bool(self._blocked)
+
+    def is_blocked(self, address: str, api_key: str, now: float) -> bool:
+        until = self._blocked.get(address)
+        if until is not None and until <= now:
+            with self._lock:
+                self._blocked.pop(address, None)
+            return False
+        return until is not None and api_key not in self._good
+
+    def good(self, api_key: str) -> None:
+        if api_key not in self._good:
+            with self._lock:
+                self._remember(self._good, api_key, None)
+
+    def bad(self, api_key: str, now: float) -> None:
+        if api_key and api_key != ANONYMOUS_API_KEY:
+            with self._lock:
+                self._good.pop(api_key, None)
+                self._remember(self._bad, api_key, now + settings.INVALID_KEY_CACHE_SECONDS)
+
+    def block(self, address: str, until: float) -> None:
+        with self._lock:
+            self._remember(self._blocked, address, until)
+
+    def _remember(self, entries: OrderedDict, key: str, value) -> None:
+        entries[key] = value
+        entries.move_to_end(key)
+        while len(entries) > self.SIZE:
+            entries.popitem(last=False)
+
+
+key_memory = KeyMemory()

@@ -214,12 +214,16 @@ GENERATION_DEADLINE_ROUTE_LIMITS_MS = env_route_limits("GENERATION_DEADLINE_ROUT
 INTERNAL_HOP_SECRET = env_str("INTERNAL_HOP_SECRET", "")
 ACCOUNT_MAX_WAITING_REQUESTS = env_int("ACCOUNT_MAX_WAITING_REQUESTS", 30)
 ANONYMOUS_MAX_WAITING_REQUESTS = env_int("ANONYMOUS_MAX_WAITING_REQUESTS", 10)
-# Requester routes' token buckets (hordeops/ratelimit.py): per API key and per client address,
-# each refilling at its rate per second up to its burst; a rate of 0 turns that limit off.
+# Token buckets of every route but the worker routes, the heartbeat and /metrics
+# (hordeops/ratelimit.py): per API key and per client address, each refilling at its rate per
+# second up to its burst; a rate of 0 turns that limit off.
 KEY_RATE_PER_SECOND = env_int("KEY_RATE_PER_SECOND", 10)
 KEY_RATE_BURST = env_int("KEY_RATE_BURST", 30)
 ADDRESS_RATE_PER_SECOND = env_int("ADDRESS_RATE_PER_SECOND", 20)
 ADDRESS_RATE_BURST = env_int("ADDRESS_RATE_BURST", 60)
+# A key that no account has, sent to a worker route, is refused for this long by each web process
+# without asking the database again (hordeops/ratelimit.py KeyMemory).
+INVALID_KEY_CACHE_SECONDS = env_int("INVALID_KEY_CACHE_SECONDS", 10)
 # Failed admin logins (hordeops/logins.py): after this many in a window, from one address or for
 # one user name, the admin refuses logins from it, or for it, until the window ends.
 ADMIN_LOGIN_FAILURES_PER_USER = env_int("ADMIN_LOGIN_FAILURES_PER_USER", 5)

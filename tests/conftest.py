@@ -43,6 +43,15 @@ def _no_login_failures() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_remembered_keys() -> None:
+    # Each web process remembers bad keys on the worker routes (hordeops/ratelimit.py
+    # KeyMemory); the test process is one, and each test starts with nothing remembered.
+    from hordeops import ratelimit
+
+    ratelimit.key_memory.clear()
+
+
+@pytest.fixture(autouse=True)
 def _no_rate_limits(settings) -> None:
     # Tests send far more requests from 127.0.0.1 than one client may; the rate limits' own
     # tests (tests/hordeops/test_rate_limits.py) turn them back on.

@@ -1,11 +1,14 @@
-"""Requester routes are rate-limited per API key and per client address (hordeops.ratelimit)."""
+"""Every route but the worker routes is rate-limited per API key and per client address, and the
+worker routes' bad keys per address (hordeops.ratelimit)."""
 
 import ipaddress
 import threading
+import time
 
 import pytest
 from django.db import connections
 from django_redis import get_redis_connection
+from rest_framework.test import APIClient
 
 from hordeops import ratelimit
 
@@ -98,6 +101,98 @@ def test_status_reads_are_limited_and_worker_routes_are_not(requester, owner, se
     ]
     assert statuses == [200, 200, 429]
     assert all(owner.pop("text-worker", models=["m1"]).status_code == 200 for _ in range(10))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v2/users/1",
+        "/api/v2/find_user",
+        "/api/v2/workers",
+        "/api/v2/workers/name/nobody",
+        "/api/v2/status/models?type=text",
+        "/api/v2/status/performance",
+        "/api/v2/stats/text/totals",
+        "/api/schema/",
+        "/admin/login/",
+        "/api/v2/no-such-route",
+    ],
+)
+def test_keyless_reads_the_admin_and_unknown_paths_are_limited_by_address(db, client, path):
+    codes = [client.get(path, REMOTE_ADDR="203.0.113.77").status_code for _ in range(6)]
+    assert 429 not in codes[:5] and codes[5] == 429, codes
+    assert client.get(path, REMOTE_ADDR="203.0.113.78").status_code != 429  # another address
+
+
+def test_the_heartbeat_and_metrics_are_not_limited(db, client):
+    for path in ("/api/v2/status/heartbeat", "/metrics"):
+        assert all(client.get(path, REMOTE_ADDR="203.0.113.79").status_code == 200 for _ in range(10))
+
+
+def test_an_ipv6_client_is_limited_by_its_slash_64(make_caller, served):
+    callers = [make_caller(f"v6-{i}") for i in range(7)]
+    # Five addresses of one /64 (a subscriber's), and the same network written another way.
+    same = [f"2001:db8:0:1::{i:x}" for i in range(1, 6)] + ["2001:0db8:0000:0001:ffff:ffff:ffff:ffff"]
+    codes = [_ask(caller, address).status_code for caller, address in zip(callers, same, strict=False)]
+    assert codes == [202] * 5 + [429]
+    assert _ask(callers[6], "2001:db8:0:2::1").status_code == 202  # the next /64 is another client
+
+
+def test_an_ipv4_address_mapped_into_ipv6_is_the_ipv4_address(make_caller, served):
+    callers = [make_caller(f"mapped-{i}") for i in range(6)]
+    codes = [_ask(caller, "203.0.113.40").status_code for caller in callers[:5]]
+    assert codes == [202] * 5
+    assert _ask(callers[5], "::ffff:203.0.113.40").status_code == 429
+
+
+def _pop(api_key: str, address: str = "198.51.100.200"):
+    return APIClient().post(
+        "/api/v2/generate/text/pop",
+        {"name": "w", "models": ["m1"]},
+        format="json",
+        HTTP_APIKEY=api_key,
+        REMOTE_ADDR=address,
+    )
+
+
+def test_worker_calls_with_bad_keys_spend_their_addresss_bucket(db):
+    codes = [_pop(f"bogus-key-{i:013d}").status_code for i in range(7)]
+    assert codes == [401] * 5 + [429] * 2
+    refused = _pop("bogus-key-again-000000")
+    assert (refused.status_code, refused.json()["rc"]) == (429, "RateLimited")
+    assert _pop("bogus-key-elsewhere-00", address="198.51.100.201").status_code == 401
+
+
+def test_a_good_key_is_served_from_an_address_refused_for_bad_ones(owner):
+    assert _pop(owner.api_key).status_code == 200  # seen good by this process
+    for i in range(6):
+        _pop(f"bogus-key-{i:013d}")
+    assert _pop("bogus-key-new-0000000").status_code == 429
+    assert _pop(owner.api_key).status_code == 200
+
+
+def test_a_bad_key_seen_once_costs_no_database_statement_again(db, settings, django_assert_num_queries):
+    settings.ADDRESS_RATE_PER_SECOND = 0  # the memory alone, whatever the buckets
+    with django_assert_num_queries(1):
+        assert _pop("bogus-key-0000000000").status_code == 401
+    for path in ("pop", "progress", "submit"):
+        with django_assert_num_queries(0):
+            refused = APIClient().post(
+                f"/api/v2/generate/text/{path}",
+                {"id": "00000000-0000-0000-0000-000000000000", "name": "w", "seq": 1, "delta": "x"},
+                format="json",
+                HTTP_APIKEY="bogus-key-0000000000",
+            )
+        assert (refused.status_code, refused.json()["rc"]) == (401, "InvalidAPIKey")
+
+
+def test_a_remembered_bad_key_is_asked_again_once_its_time_is_up(settings):
+    settings.ADDRESS_RATE_PER_SECOND = 0
+    settings.INVALID_KEY_CACHE_SECONDS = 10
+    ratelimit.key_memory.bad("bogus-key-0000000000", time.monotonic())
+    assert ratelimit.key_memory.is_bad("bogus-key-0000000000", time.monotonic())
+    assert not ratelimit.key_memory.is_bad("bogus-key-0000000000", time.monotonic() + 10.01)
+    assert not ratelimit.key_memory.is_bad("0000000000", time.monotonic())
 
 
 def test_x_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy(make_caller, served, settings):
