@@ -34,7 +34,7 @@ class HordeAdminSite(admin.AdminSite):
                     "title": "Log in",
                     "form": AdminAuthenticationForm(request),
                     "login_refused": (
-                        f"Too many failed logins from this {locked.what}:"
+                        f"Too many failed logins {locked.reason}:"
                         f" try again in {minutes} minute{'s' if minutes != 1 else ''}."
                     ),
                     **(extra_context or {}),

@@ -1,11 +1,22 @@
-"""Failed admin logins, counted per client address and per user name in Redis; past their
-bound, the admin refuses further logins from that address, or for that name, until the
-window that began with the first failure ends (ADMIN_LOGIN_* settings).
+"""Failed admin logins, counted in Redis per client address, per user name from one address,
+and per user name from anywhere; past their bounds the admin refuses logins until the window
+that began with the first failure ends (ADMIN_LOGIN_* settings).
 
 A public horde's moderator accounts are one password away from its accounts and workers:
-without a bound, a password can be tried without end. Each failure is logged at WARNING with
-the name tried and the address (never the password). A successful login clears its name's
-count; `manage.py unlock_logins` clears a name's or an address's before the window ends.
+without a bound, a password can be tried without end. But a bound on a name alone lets anyone
+lock its moderator out (five wrong passwords from anywhere, every window, and even the right
+one is refused), so a name is locked only for the addresses that failed it:
+
+- an address that failed ADMIN_LOGIN_FAILURES_PER_ADDRESS times, for any names, is refused;
+- an address that failed one name ADMIN_LOGIN_FAILURES_PER_USER times is refused for it;
+- a name that failed ADMIN_LOGIN_FAILURES_PER_USER_TOTAL times from anywhere is under attack:
+  each address then has `UNDER_ATTACK_TRIES` tries at it, not ADMIN_LOGIN_FAILURES_PER_USER.
+
+So the owner, from an address that has not failed, always gets in, and nobody can extend a
+lockout of anyone else's address. An IPv6 address counts as its /64, as in the rate limits.
+Each failure is logged at WARNING with the name tried and the address (never the password). A
+successful login clears its name's count from its address; `manage.py unlock_logins` clears a
+name's or an address's counts before the window ends.
 
 Redis unreachable: logins are neither counted nor refused (the admin stays usable in a Redis
 outage, when it is most needed), and that is logged.
@@ -20,41 +31,51 @@ from django.conf import settings
 from django.http import HttpRequest
 from django_redis import get_redis_connection
 
-from hordeops.ratelimit import client_address
+from hordeops.ratelimit import address_bucket, client_address
 
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "hordeops:login-failures:"
+# Tries each address has at a name under attack (whatever ADMIN_LOGIN_FAILURES_PER_USER says):
+# one typo of its owner's is forgiven.
+UNDER_ATTACK_TRIES = 2
 
 
 @dataclass(frozen=True)
 class Lockout:
     """Why logins are refused now, and for how many more seconds."""
 
-    what: str  # "address" or "user"
+    what: str  # "address" (any name from it) or "user" (this name from this address)
     seconds: int
+
+    @property
+    def reason(self) -> str:
+        return "from this address" if self.what == "address" else "for this user from this address"
+
+
+def _name(username: str) -> str:
+    # Hashed: a key holds no user input as such.
+    return hashlib.sha256(username.strip().lower().encode()).hexdigest()
 
 
 def _keys(address: str, username: str) -> dict[str, str]:
-    # The name hashed: a key holds no user input as such.
-    name = hashlib.sha256(username.strip().lower().encode()).hexdigest()
-    return {"address": f"{KEY_PREFIX}address:{address}", "user": f"{KEY_PREFIX}user:{name}"}
-
-
-def _limits() -> dict[str, int]:
+    name = _name(username)
     return {
-        "address": settings.ADMIN_LOGIN_FAILURES_PER_ADDRESS,
-        "user": settings.ADMIN_LOGIN_FAILURES_PER_USER,
+        "address": f"{KEY_PREFIX}address:{address}",
+        "pair": f"{KEY_PREFIX}pair:{name}:{address}",
+        "user": f"{KEY_PREFIX}user:{name}",
     }
 
 
 def address_of(request: HttpRequest) -> str:
-    return client_address(request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR", ""))
+    return address_bucket(
+        client_address(request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR", ""))
+    )
 
 
 def lockout(*, request: HttpRequest, username: str) -> Lockout | None:
     """The lockout a login attempt from this request for `username` meets, if any."""
-    keys, limits = _keys(address_of(request), username), _limits()
+    keys = _keys(address_of(request), username)
     try:
         pipe = get_redis_connection("default").pipeline(transaction=False)
         for key in keys.values():
@@ -64,15 +85,22 @@ def lockout(*, request: HttpRequest, username: str) -> Lockout | None:
     except redis.exceptions.RedisError as error:
         logger.error("admin login limits not checked: %s", type(error).__name__)
         return None
-    for index, what in enumerate(keys):
-        count, ttl = answers[2 * index], answers[2 * index + 1]
-        if count is not None and int(count) >= limits[what]:
-            return Lockout(what=what, seconds=max(1, ttl))
+    (address, address_ttl), (pair, pair_ttl), (total, _) = (
+        (int(answers[i] or 0), answers[i + 1]) for i in range(0, 6, 2)
+    )
+    if address >= settings.ADMIN_LOGIN_FAILURES_PER_ADDRESS:
+        return Lockout(what="address", seconds=max(1, address_ttl))
+    tries = settings.ADMIN_LOGIN_FAILURES_PER_USER
+    if total >= settings.ADMIN_LOGIN_FAILURES_PER_USER_TOTAL:
+        tries = min(tries, UNDER_ATTACK_TRIES)
+    if pair >= tries:
+        return Lockout(what="user", seconds=max(1, pair_ttl))
     return None
 
 
 def record_failure(*, request: HttpRequest | None, username: str) -> None:
-    """Count a failed login against its address and its name (the window starts at the first)."""
+    """Count a failed login against its address, its name from there and its name (each window
+    starts at its first failure)."""
     address = address_of(request) if request is not None else ""
     logger.warning("admin login failed for user %r from %s", username, address or "?")
     try:
@@ -86,18 +114,22 @@ def record_failure(*, request: HttpRequest | None, username: str) -> None:
 
 
 def unlock(*, username: str | None = None, address: str | None = None) -> int:
-    """Clear a name's and/or an address's failures; how many counts were cleared."""
-    keys = []
-    if username is not None:
-        keys.append(_keys("", username)["user"])
-    if address is not None:
-        keys.append(_keys(address, "")["address"])
-    return get_redis_connection("default").delete(*keys) if keys else 0
+    """Clear a name's counts (from every address), an address's (for every name), or, given
+    both, that name's from that address; how many counts were cleared."""
+    redis_client = get_redis_connection("default")
+    name = _name(username) if username is not None else "*"
+    where = address_bucket(address) if address is not None else "*"
+    keys = list(redis_client.scan_iter(f"{KEY_PREFIX}pair:{name}:{where}"))
+    if username is not None and address is None:
+        keys.append(f"{KEY_PREFIX}user:{name}")
+    if address is not None and username is None:
+        keys.append(f"{KEY_PREFIX}address:{where}")
+    return redis_client.delete(*keys) if keys else 0
 
 
-def clear_user(*, username: str) -> None:
+def clear_user(*, username: str, request: HttpRequest) -> None:
     try:
-        unlock(username=username)
+        get_redis_connection("default").delete(_keys(address_of(request), username)["pair"])
     except redis.exceptions.RedisError as error:
         logger.error("admin login failures not cleared: %s", type(error).__name__)
 
@@ -107,4 +139,4 @@ def on_login_failed(sender, credentials: dict, request: HttpRequest | None = Non
 
 
 def on_logged_in(sender, request: HttpRequest, user, **kwargs) -> None:
-    clear_user(username=user.get_username())
+    clear_user(username=user.get_username(), request=request)

@@ -224,9 +224,12 @@ ADDRESS_RATE_BURST = env_int("ADDRESS_RATE_BURST", 60)
 # A key that no account has, sent to a worker route, is refused for this long by each web process
 # without asking the database again (hordeops/ratelimit.py KeyMemory).
 INVALID_KEY_CACHE_SECONDS = env_int("INVALID_KEY_CACHE_SECONDS", 10)
-# Failed admin logins (hordeops/logins.py): after this many in a window, from one address or for
-# one user name, the admin refuses logins from it, or for it, until the window ends.
+# Failed admin logins (hordeops/logins.py), in a window from the first: past PER_ADDRESS from one
+# address it is refused; past PER_USER for one name from one address, that name from there; past
+# PER_USER_TOTAL for one name from anywhere, each address gets 2 tries at it. An address that
+# has not failed is never refused, so nobody can lock a moderator out.
 ADMIN_LOGIN_FAILURES_PER_USER = env_int("ADMIN_LOGIN_FAILURES_PER_USER", 5)
+ADMIN_LOGIN_FAILURES_PER_USER_TOTAL = env_int("ADMIN_LOGIN_FAILURES_PER_USER_TOTAL", 100)
 ADMIN_LOGIN_FAILURES_PER_ADDRESS = env_int("ADMIN_LOGIN_FAILURES_PER_ADDRESS", 20)
 ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 # Proxies whose X-Forwarded-For names the client (empty: the connection's peer is the client).
