@@ -31,6 +31,7 @@ def bench_env(database: str, redis_db: int, **settings: str) -> dict[str, str]:
         "REDIS_URL": f"redis://127.0.0.1:6379/{redis_db}",
         "DJANGO_SETTINGS_MODULE": "hordeops.settings",
         "LOG_LEVEL": "WARNING",
+        "ALLOWED_HOSTS": os.environ.get("ALLOWED_HOSTS") or "127.0.0.1,localhost",
         **settings,
     }
 

@@ -9,7 +9,7 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core import signals
-from django.core.exceptions import RequestAborted, SuspiciousFileOperation
+from django.core.exceptions import ImproperlyConfigured, RequestAborted, SuspiciousFileOperation
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.http import Http404, HttpResponseBase
@@ -19,6 +19,13 @@ from hordeops import clock, errors
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
+
+if not settings.DEBUG and not settings.ALLOWED_HOSTS:
+    # Every request would be a 400 (DisallowedHost): say why at the start instead.
+    raise ImproperlyConfigured(
+        "ALLOWED_HOSTS is not set: set it to the host names this horde answers to "
+        "(e.g. horde.example.org), or 127.0.0.1,localhost for a local stack"
+    )
 
 
 class HordeASGIHandler(ASGIHandler):

@@ -126,6 +126,21 @@ def env_secret_key(name: str, path: Path) -> str:
     )
 
 
+def env_list(name: str) -> list[str]:
+    """Comma-separated values, stripped, empty ones left out."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """A header name (`X-Forwarded-Proto`) as Django's SECURE_PROXY_SSL_HEADER: (its META key, "https")."""
+    header = os.environ.get(name, "").strip()
+    if not header:
+        return None
+    if not header.replace("-", "").isascii() or not header.replace("-", "").isalnum():
+        raise ImproperlyConfigured(f"{name} must be a header name, such as X-Forwarded-Proto")
+    return "HTTP_" + header.upper().replace("-", "_"), "https"
+
+
 def env_networks(name: str) -> tuple:
     """`10.0.0.1,192.168.0.0/16`: addresses and networks, as ip_network objects."""
     import ipaddress
@@ -253,7 +268,30 @@ WEB_ASYNC_DB_THREADS = env_int("WEB_ASYNC_DB_THREADS", 2)
 # generation a tenth as often, and with them its full passes, which stop every request and
 # stream of the process for about 100 ms once thousands of streams are open (docs/benchmarks.md).
 WEB_GC_THRESHOLDS = env_gc_thresholds("WEB_GC_THRESHOLDS", (700, 100, 10))
-ALLOWED_HOSTS = env_str("ALLOWED_HOSTS", "*").split(",")
+# The host names this horde answers to (comma-separated). Required to serve outside debug: the
+# web app refuses to load without it (hordeops/asgi.py), as without SECRET_KEY; manage.py
+# commands and Celery, which answer no host, run without it. bin/stack and bin/test give the
+# loopback names when it is not set.
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS")
+
+# --- Served over HTTPS (docs/reference/operations.md, "Production checklist") -------------
+# A TLS-terminating proxy's header that says the client's scheme (e.g. X-Forwarded-Proto): with it
+# set to "https", Django knows the request was secure, and the admin's CSRF origin check passes.
+# Set it only behind a proxy that sets that header itself, whatever the client sent.
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("SECURE_PROXY_SSL_HEADER")
+# Origins (scheme and host) whose unsafe requests the admin accepts besides its own host's.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+# Clients reach this horde over HTTPS: the defaults below follow (secure cookies, redirect, HSTS).
+HTTPS = env_bool("HTTPS", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", HTTPS)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", HTTPS)
+# A load balancer's health check and a scraper call these over plain HTTP inside the network.
+SECURE_REDIRECT_EXEMPT = [r"^api/v2/status/heartbeat$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if HTTPS else 0)
+# Domain-wide promises (every subdomain HTTPS; listed in browsers): the operator's to make.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
 
 INSTALLED_APPS = [
     "hordeops.apps.HordeAdminConfig",

@@ -300,6 +300,7 @@ def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterat
         "DATABASE_URL": database,
         "REDIS_URL": redis_url,
         "PYTHONUNBUFFERED": "1",
+        "ALLOWED_HOSTS": os.environ.get("ALLOWED_HOSTS") or "127.0.0.1,localhost",
         # Every test client is 127.0.0.1: no rate limits (tests/hordeops/test_rate_limits.py).
         "KEY_RATE_PER_SECOND": "0",
         "ADDRESS_RATE_PER_SECOND": "0",
