@@ -223,11 +223,11 @@ class RateLimitMiddleware(MiddlewareMixin):
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    return horde_json(errors.NotFound())
+    return error_response_for_path(request.path, errors.NotFound())
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    return horde_json(errors.InternalError())
+    return error_response_for_path(request.path, errors.InternalError())
 
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -78,7 +78,8 @@ class HordeASGIHandler(ASGIHandler):
 
             response = error_response_for_path(_path_info(scope), refused.error)
             # The rest of the body is not read: the connection cannot carry another request.
-            response["Connection"] = "close"
+            # Lower-case, as uvicorn writes its own: it adds one unless it finds this exact header.
+            response["connection"] = "close"
             await self.send_response(response, send)
 
     async def read_body(self, receive):

@@ -29,6 +29,8 @@ def response_headers(err: DomainError, status: int) -> dict[str, str]:
         headers["x-should-retry"] = "false"
     if err.retry_after is not None:
         headers["retry-after"] = str(err.retry_after)
+    if isinstance(err, MethodNotAllowed):
+        headers["allow"] = ", ".join(err.allowed)  # RFC 9110: a 405 says what the route serves
     return headers
 
 
@@ -200,6 +202,10 @@ class MethodNotAllowed(DomainError):
     status = 405
     default_message = "This route does not serve that method."
 
+    def __init__(self, message: str | None = None, *, allowed: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
 
 class ProgressOutOfOrder(DomainError):
     code = "ProgressOutOfOrder"
@@ -237,6 +243,7 @@ class ReplyFailed(DomainError):
     status = 502
     REASONS = {
         "generation_aborted": (502, "The worker stopped delivering this reply and its lease lapsed."),
+        "generation_given_back": (502, "The worker gave this reply up after it had started."),
         "too_many_restarts": (502, "Every worker that took this request dropped it."),
         "request_expired": (504, "No worker finished this request within its lifetime."),
         "cancelled": (409, "This request was cancelled."),

@@ -336,6 +336,9 @@ MIDDLEWARE = [
 ]
 
 X_FRAME_OPTIONS = "DENY"
+# Where a login goes when its `next` is refused (another site's, say): the admin, the only
+# pages there are, not Django's default /accounts/profile/ (a 404 here).
+LOGIN_REDIRECT_URL = "admin:index"
 
 ROOT_URLCONF = "hordeops.urls"
 ASGI_APPLICATION = "hordeops.asgi.application"

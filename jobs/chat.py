@@ -257,7 +257,7 @@ async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
     """A chat request from start to answer: queue it, wait for its first output, then answer
     whole or as a stream. Any refusal before a stream starts is the protocol's error answer."""
     if request.method != "POST":
-        return protocol.error_response(errors.MethodNotAllowed())
+        return protocol.error_response(errors.MethodNotAllowed(allowed=("POST",)))
     try:
         call, text_request, budget = await _queue(request, protocol)
     except errors.DomainError as err:

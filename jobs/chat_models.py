@@ -64,7 +64,7 @@ def _anthropic_page(request: HttpRequest, entries: list[dict[str, Any]]) -> dict
 
 def _served(request: HttpRequest) -> dict[str, datetime]:
     if request.method != "GET":
-        raise errors.MethodNotAllowed()
+        raise errors.MethodNotAllowed(allowed=("GET",))
     chat_caller(request)
     return Worker.objects.chat_models(clock.now())
 

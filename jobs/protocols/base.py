@@ -105,11 +105,17 @@ class MessageInput(serializers.Serializer):
 
 
 def stop_list(value: Any, *, max_items: int, what: str) -> list[str]:
+    """OpenAI's `stop`: a string or a list of strings, each non-empty (an empty one would stop
+    every reply at once), at most MAX_STOP_SEQUENCE_CHARS in all, as the horde route's."""
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or len(stops) > max_items or not all(isinstance(s, str) for s in stops):
         raise serializers.ValidationError(f"{what} must be a string or a list of up to {max_items} strings.")
+    if not all(stops):
+        raise serializers.ValidationError(f"{what} may not hold an empty string.")
+    if sum(len(stop) for stop in stops) > MAX_STOP_SEQUENCE_CHARS:
+        raise serializers.ValidationError(f"{what} may hold {MAX_STOP_SEQUENCE_CHARS} characters in all.")
     return stops
 
 

@@ -190,8 +190,11 @@ def _restart_requests(counts: Tally) -> list[tuple[UUID, str, bool, str]]:
         return cursor.fetchall()
 
 
-def _relay_restarts(outcomes: list[tuple[UUID, str, bool, str]], aborted: list[tuple[UUID, UUID]]) -> None:
-    """Kill the aborted generations' leases and tell each waiting chat requester what happened."""
+def _relay_restarts(
+    outcomes: list[tuple[UUID, str, bool, str]], aborted: list[tuple[UUID, UUID]], *, given_back: bool = False
+) -> None:
+    """Kill the aborted generations' leases and tell each waiting chat requester what happened:
+    a committed stream's job aborted as stale, or given back by its worker (`given_back`)."""
     leases.kill([generation_id for _, generation_id in aborted])
     chats = {
         request_id: (state, committed)
@@ -205,7 +208,10 @@ def _relay_restarts(outcomes: list[tuple[UUID, str, bool, str]], aborted: list[t
         state, committed = chats[request_id]
         events.append((request_id, relay.RESTARTED, str(generation_id), {}))
         if state == TextRequest.State.FAULTED:
-            code = "generation_aborted" if committed else "too_many_restarts"
+            if not committed:
+                code = "too_many_restarts"
+            else:
+                code = "generation_given_back" if given_back else "generation_aborted"
             events.append((request_id, relay.FAILED, str(generation_id), {"code": code}))
     relay.publish_many(events)
 

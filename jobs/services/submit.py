@@ -132,5 +132,6 @@ def _give_back(generation: Generation, now: datetime) -> None:
         # robust: committed, the give-back has happened, so it is not answered 503 if Redis
         # fails now; the lease left in Redis is dead anyway, as the row says (`_refusal`).
         transaction.on_commit(
-            lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)]), robust=True
+            lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)], given_back=True),
+            robust=True,
         )

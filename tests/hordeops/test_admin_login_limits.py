@@ -115,3 +115,11 @@ def test_failures_are_logged_with_the_name_and_address_never_the_password(modera
     failed = [r.getMessage() for r in caplog.records if r.name == "hordeops.logins"]
     assert failed == ["admin login failed for user 'mia' from 203.0.113.7"]
     assert not any("my-secret-guess" in r.getMessage() for r in caplog.records)
+
+
+def test_a_login_whose_next_is_refused_lands_on_the_admin(moderator_user):
+    for unsafe in ("https://attacker.example/", "//attacker.example/admin/", "javascript:alert(1)"):
+        client = Client(REMOTE_ADDR="203.0.113.8")
+        answer = client.post("/admin/login/", {"username": "mia", "password": PASSWORD, "next": unsafe})
+        assert (answer.status_code, answer["Location"]) == (302, "/admin/"), unsafe
+        assert client.get(answer["Location"]).status_code == 200

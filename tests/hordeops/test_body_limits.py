@@ -180,3 +180,15 @@ def test_over_real_http_an_endless_body_is_answered_413_without_reading_it_all(l
         answer += _answer(sock, 10)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert sent < 8 * 1024 * 1024  # refused long before the end of what the client would send
+
+
+def test_over_real_http_a_413_says_connection_close_once_even_when_the_client_did(live_stack):
+    port = int(live_stack.urls[0].rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /api/v2/generate/text/async HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: 2000000\r\n\r\n"
+        )
+        head = _answer(sock, 10).split(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 413"), head
+    assert head.count(b"connection: close") == 1, head

@@ -144,6 +144,32 @@ def test_the_openai_sdk_gets_a_non_streamed_reply_with_its_usage(live_stack, acc
     assert completion.id == f"chatcmpl-{text_request.pk}"
 
 
+def test_a_give_back_after_the_stream_is_committed_is_told_as_a_give_back_not_a_lapse(live_stack, accounts):
+    server_a, server_b = live_stack.urls
+    requester, owner = accounts
+    worker = ChatWorker(server_b, owner.api_key, name="giving-worker", model=MODEL)
+    worker.pop()
+    sent = DELTAS[:2]
+
+    def serve_some() -> str:
+        worker.pop_job()
+        worker.stream(sent)
+        return worker.id
+
+    serving = Background(serve_some)
+    headers = {"Authorization": f"Bearer {requester.api_key}"}
+    with httpx.Client(base_url=server_a, headers=headers, timeout=WAIT_SECONDS) as http:
+        with http.stream("POST", "/v1/chat/completions", json=_stream_body()) as response:
+            data_lines = (line for line in response.iter_lines() if line)
+            [_data(next(data_lines)) for _ in range(1 + len(sent))]
+            serving.result()
+            assert worker.submit("", state="faulted").status_code == 200  # the worker's Ctrl-C
+            tail = [_data(line) for line in data_lines]
+    [error_event] = tail
+    assert error_event["error"]["code"] == "generation_given_back"
+    assert "lapsed" not in error_event["error"]["message"]
+
+
 def test_an_abort_after_the_stream_is_committed_ends_it_with_an_error_event_and_no_done(live_stack, accounts):
     server_a, server_b = live_stack.urls
     requester, owner = accounts
