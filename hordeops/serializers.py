@@ -4,6 +4,7 @@ and the strict input fields every app's horde routes validate with."""
 import uuid
 
 from django.core import validators
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import fields, serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
@@ -60,6 +61,41 @@ class StrictUUIDField(serializers.UUIDField):
 # OpenAPI security requirements of the horde routes: the `apikey` header, or optionally it.
 APIKEY_AUTH = [{"apikey": []}]
 OPTIONAL_APIKEY_AUTH = [{}, {"apikey": []}]
+# The answer of the routes that list (models, workers), as the AI Horde's: an array of objects.
+OBJECT_LIST = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
+# A count in a query string: what hordeops.parsing.ascii_int reads.
+COUNT = {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}
+
+
+class NonBlankText(OpenApiSerializerFieldExtension):
+    """A string field that trims its value and refuses a blank one: white space alone is refused
+    too, so the schema asks for a character that is not white space."""
+
+    target_class = "hordeops.serializers.StrictCharField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        if self.target.trim_whitespace and not self.target.allow_blank and schema.get("type") == "string":
+            schema["pattern"] = r"\S"
+        return schema
+
+
+class ListLengths(OpenApiSerializerFieldExtension):
+    """A nested serializer's list (`many=True`) with its bounds: drf-spectacular leaves out
+    `allow_empty`, `min_length` and `max_length`, and the schema then offers what is refused."""
+
+    target_class = "rest_framework.serializers.ListSerializer"
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        field = self.target
+        least = max(field.min_length or 0, 0 if field.allow_empty else 1)
+        if least:
+            schema["minItems"] = least
+        if field.max_length is not None:
+            schema["maxItems"] = field.max_length
+        return schema
 
 
 # --- One pass over a hot route's body ------------------------------------------------------------

@@ -410,6 +410,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "A broker for crowdsourced text generation in the shape of the AI Horde.",
     "VERSION": "2.5.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # A field that refuses "" says so (minLength 1), as the routes refuse it.
+    "ENFORCE_NON_BLANK_FIELDS": True,
     "APPEND_COMPONENTS": {
         "securitySchemes": {
             "apikey": {"type": "apiKey", "in": "header", "name": "apikey"},
@@ -419,6 +421,10 @@ SPECTACULAR_SETTINGS = {
     },
     # Each route states its own key (jobs/schema.py): the status routes and the heartbeat need none.
     "PREPROCESSING_HOOKS": ["jobs.schema.add_chat_routes"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "jobs.schema.bound_deadline_header",
+    ],
 }
 
 # --- Celery (Redis broker, one beat) ----------------------------------------------------

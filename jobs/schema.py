@@ -5,6 +5,7 @@ security requirements the routes share."""
 
 import re
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
@@ -83,7 +84,10 @@ MODEL_LIST = OpenApiResponse(
 
 class ModelsRoute(APIView):
     @extend_schema(
-        operation_id="v1_models", responses={200: MODEL_LIST, 401: OPENAI_ERROR}, auth=CHAT_KEY, tags=["v1"]
+        operation_id="v1_models",
+        responses={200: MODEL_LIST, **{code: OPENAI_ERROR for code in (400, 401, 429)}},
+        auth=CHAT_KEY,
+        tags=["v1"],
     )
     def get(self, request):  # pragma: no cover - described, never routed
         raise NotImplementedError
@@ -93,7 +97,7 @@ class ModelRoute(APIView):
     @extend_schema(
         operation_id="v1_model",
         parameters=[OpenApiParameter("model_id", str, OpenApiParameter.PATH)],
-        responses={200: OpenApiTypes.OBJECT, 401: OPENAI_ERROR, 404: OPENAI_ERROR},
+        responses={200: OpenApiTypes.OBJECT, **{code: OPENAI_ERROR for code in (401, 404, 429)}},
         auth=CHAT_KEY,
         tags=["v1"],
     )
@@ -109,6 +113,19 @@ ROUTES = (
     ("/v1/models", "GET", ModelsRoute),
     ("/v1/models/{model_id}", "GET", ModelRoute),
 )
+
+
+def bound_deadline_header(result: dict, generator, request, public) -> dict:
+    """drf-spectacular postprocessing hook: the deadline header's range, from the settings as the
+    schema is made (1..GENERATION_DEADLINE_MAX_MS; any value while deadlines are disabled)."""
+    maximum = settings.GENERATION_DEADLINE_MAX_MS
+    bounded = {"type": "integer", "minimum": 1, "maximum": maximum} if maximum else {"type": "string"}
+    for operations in result.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "header" and parameter.get("name") == deadlines.HEADER:
+                    parameter["schema"] = dict(bounded)
+    return result
 
 
 def add_chat_routes(endpoints: list) -> list:

@@ -67,6 +67,19 @@ def _flag() -> StrictBooleanField:
     return StrictBooleanField(required=False)
 
 
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 6},
+        "minItems": 7,
+        "maxItems": 7,
+        "uniqueItems": True,
+    }
+)
+class SamplerOrderField(serializers.ListField):
+    """The order of the 7 KoboldAI samplers: each once (`validate_sampler_order`)."""
+
+
 class TextParamsInput(serializers.Serializer):
     """`params`: the AI Horde's KoboldAI sampling knobs with its ranges."""
 
@@ -86,7 +99,7 @@ class TextParamsInput(serializers.Serializer):
     smoothing_factor = _float(0, 10)
     dynatemp_range = _float(0, 5)
     dynatemp_exponent = _float(0, 5)
-    sampler_order = serializers.ListField(child=_int(0, 6), min_length=7, max_length=7, required=False)
+    sampler_order = SamplerOrderField(child=_int(0, 6), min_length=7, max_length=7, required=False)
     stop_sequence = serializers.ListField(
         # As sent: "\nYou:" must stop the model at the start of the user's turn, not at any "You:".
         child=StrictCharField(allow_blank=False, trim_whitespace=False, max_length=2000),

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from hordeops import clock, errors
 from hordeops.parsing import MAX_DIGITS, ascii_int
-from hordeops.serializers import APIKEY_AUTH
+from hordeops.serializers import APIKEY_AUTH, COUNT, OBJECT_LIST
 from jobs import deadlines, discovery, services
 from jobs import serializers as s
 from jobs.models import TextRequest
@@ -20,7 +20,10 @@ from jobs.status import request_status
 from workers.services import authenticate
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
-ERRORS = {code: s.HordeErrorOutput for code in (400, 401, 403, 404, 409, 413, 503)}
+# 429: the rate limits, on every route but the worker routes (there: a bad key's only).
+LIMITED = {429: s.HordeErrorOutput}
+# 408 and 413: the body's bounds.
+ERRORS = {code: s.HordeErrorOutput for code in (400, 401, 403, 404, 408, 409, 413, 429, 503)}
 
 
 def _account(request: Request):
@@ -56,7 +59,8 @@ class TextAsyncView(APIView):
         parameters=[APIKEY, DEADLINE],
         auth=APIKEY_AUTH,
         request=s.TextAsyncInput,
-        responses={202: s.TextAsyncOutput, 200: s.TextAsyncOutput, **ERRORS},
+        # 504: the deadline header's budget ran out before the request was queued (seed 003).
+        responses={202: s.TextAsyncOutput, 200: s.TextAsyncOutput, 504: s.HordeErrorOutput, **ERRORS},
     )
     def post(self, request: Request) -> Response:
         header = deadlines.header_budget(request)
@@ -106,7 +110,7 @@ class TextStatusView(APIView):
     @extend_schema(
         operation_id="text_status",
         parameters=[REQUEST_ID],
-        responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput},
+        responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput, **LIMITED},
     )
     def get(self, request: Request, request_id: str) -> Response:
         now = clock.now()
@@ -116,7 +120,7 @@ class TextStatusView(APIView):
     @extend_schema(
         operation_id="text_cancel",
         parameters=[REQUEST_ID],
-        responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput},
+        responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput, **LIMITED},
     )
     def delete(self, request: Request, request_id: str) -> Response:
         now = clock.now()
@@ -276,11 +280,11 @@ class ModelsStatusView(APIView):
             OpenApiParameter(
                 "type", str, enum=["image", "text"], description="image (the AI Horde's default) or text"
             ),
-            OpenApiParameter("min_count", int),
-            OpenApiParameter("max_count", int),
+            OpenApiParameter("min_count", COUNT),
+            OpenApiParameter("max_count", COUNT),
             OpenApiParameter("model_state", str, enum=["known", "custom", "all"]),
         ],
-        responses={200: OpenApiTypes.OBJECT, 400: s.HordeErrorOutput},
+        responses={200: OBJECT_LIST, 400: s.HordeErrorOutput, **LIMITED},
     )
     def get(self, request: Request) -> Response:
         kind = request.query_params.get("type", "image")
@@ -298,30 +302,33 @@ class ModelsStatusView(APIView):
 
 
 class ModelStatusView(APIView):
-    @extend_schema(operation_id="status_model", responses={200: OpenApiTypes.OBJECT})
+    # 404: a name the path cannot hold (a line break ends it).
+    @extend_schema(
+        operation_id="status_model", responses={200: OBJECT_LIST, 404: s.HordeErrorOutput, **LIMITED}
+    )
     def get(self, request: Request, model_name: str) -> Response:
         return Response(discovery.model_status(model_name, now=clock.now()))
 
 
 class PerformanceView(APIView):
-    @extend_schema(operation_id="status_performance", responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="status_performance", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.performance(now=clock.now()))
 
 
 class ModesView(APIView):
-    @extend_schema(operation_id="status_modes", responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="status_modes", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response({"maintenance_mode": False, "invite_only_mode": False, "raid_mode": False})
 
 
 class TextTotalsView(APIView):
-    @extend_schema(operation_id="stats_text_totals", responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="stats_text_totals", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.text_totals(now=clock.now()))
 
 
 class TextModelStatsView(APIView):
-    @extend_schema(operation_id="stats_text_models", responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="stats_text_models", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.text_models(now=clock.now()))

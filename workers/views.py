@@ -14,6 +14,7 @@ from hordeops import clock, errors
 from hordeops.parsing import ascii_int
 from hordeops.serializers import (
     APIKEY_AUTH,
+    OBJECT_LIST,
     OPTIONAL_APIKEY_AUTH,
     HordeErrorOutput,
     StrictBooleanField,
@@ -25,7 +26,7 @@ from workers.models import Account, Worker
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
 APIKEY_OPTIONAL = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=False)
-ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404)}
+ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404, 429)}
 
 
 def _caller(request: Request) -> Account | None:
@@ -88,7 +89,7 @@ class WorkersView(APIView):
             OpenApiParameter("type", str, enum=["text", "image", "interrogation", "all"]),
             OpenApiParameter("name", str),
         ],
-        responses={200: dict, **ERRORS},
+        responses={200: OBJECT_LIST, **ERRORS},
     )
     def get(self, request: Request) -> Response:
         """The workers online now (the AI Horde's list); hordeops has text workers only."""

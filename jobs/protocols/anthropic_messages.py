@@ -14,6 +14,7 @@ from jobs.protocols.base import (
     ChatProtocol,
     MessageInput,
     Reply,
+    TextContentField,
     Usage,
     joined_text,
     sampling,
@@ -31,7 +32,7 @@ class AnthropicMessagesInput(serializers.Serializer):
     model = StrictCharField(max_length=255)
     max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS)
     messages = AnthropicMessageInput(many=True, allow_empty=False, max_length=MAX_MESSAGES)
-    system = serializers.JSONField(required=False, allow_null=True)
+    system = TextContentField(required=False, allow_null=True)
     stream = StrictBooleanField(default=False)
     temperature = StrictFloatField(min_value=0, max_value=1, required=False, allow_null=True)
     top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)

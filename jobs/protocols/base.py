@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.http import JsonResponse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops import errors
@@ -93,9 +94,24 @@ def joined_text(value: Any, part_types: tuple[str, ...]) -> str | None:
     return None
 
 
+def text_content_schema(part_types: tuple[str, ...]) -> dict[str, Any]:
+    """The schema of what `joined_text` reads: a string, or a list of text parts."""
+    part = {
+        "type": "object",
+        "properties": {"type": {"type": "string", "enum": list(part_types)}, "text": {"type": "string"}},
+        "required": ["type", "text"],
+    }
+    return {"oneOf": [{"type": "string"}, {"type": "array", "items": part}]}
+
+
+@extend_schema_field(text_content_schema(("text",)))
+class TextContentField(serializers.JSONField):
+    """A message's content: a string, or a list of `{"type": "text", "text"}` parts."""
+
+
 class MessageInput(serializers.Serializer):
     role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant", "tool"])
-    content = serializers.JSONField()
+    content = TextContentField()
 
     def validate_content(self, value: Any) -> str:
         text = joined_text(value, ("text",))
@@ -123,7 +139,8 @@ def first_error(detail: Any, prefix: str = "") -> tuple[str | None, str]:
     """The first field and message of a DRF error tree, as OpenAI's `param` and message."""
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = None if key == "non_field_errors" else key
+            # A list field's errors are keyed by the item's index, an int.
+            name = None if key == "non_field_errors" else str(key)
             path = ".".join(p for p in (prefix, name) if p)
             return first_error(value, path)
     if isinstance(detail, list) and detail:

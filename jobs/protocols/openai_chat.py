@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops import errors
@@ -9,6 +10,7 @@ from jobs.protocols.base import (
     DEFAULT_REPLY_TOKENS,
     MAX_MESSAGES,
     MAX_REPLY_TOKENS,
+    MAX_STOP_SEQUENCE_CHARS,
     ChatCall,
     MessageInput,
     Reply,
@@ -22,6 +24,20 @@ from jobs.protocols.openai_errors import OpenAIErrors
 from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "minLength": 1, "maxLength": MAX_STOP_SEQUENCE_CHARS},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+        ],
+        "nullable": True,
+        "description": f"at most {MAX_STOP_SEQUENCE_CHARS} characters in all",
+    }
+)
+class StopField(serializers.JSONField):
+    """OpenAI's `stop`: a string or up to 4 strings (`stop_list`)."""
+
+
 class ChatCompletionInput(serializers.Serializer):
     model = StrictCharField(max_length=255)
     messages = MessageInput(many=True, allow_empty=False, max_length=MAX_MESSAGES)
@@ -33,7 +49,7 @@ class ChatCompletionInput(serializers.Serializer):
     n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
     temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
     top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
-    stop = serializers.JSONField(required=False, allow_null=True)
+    stop = StopField(required=False, allow_null=True)
 
     def validate_stop(self, value: Any) -> list[str]:
         return stop_list(value, max_items=4, what="stop")

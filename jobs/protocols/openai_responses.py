@@ -16,10 +16,16 @@ from jobs.protocols.base import (
     joined_text,
     sampling,
     sse,
+    text_content_schema,
     validated,
 )
 from jobs.protocols.openai_errors import OpenAIErrors
 from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
+
+
+@extend_schema_field(text_content_schema(("input_text", "output_text")))
+class ResponseContentField(serializers.JSONField):
+    """An input item's content: a string, or a list of input or output text parts."""
 
 
 class ResponseItemInput(serializers.Serializer):
@@ -27,7 +33,7 @@ class ResponseItemInput(serializers.Serializer):
 
     type = serializers.ChoiceField(choices=["message"], required=False)
     role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant"])
-    content = serializers.JSONField()
+    content = ResponseContentField()
 
     def validate_content(self, value: Any) -> str:
         text = joined_text(value, ("input_text", "output_text"))
@@ -38,11 +44,28 @@ class ResponseItemInput(serializers.Serializer):
         return text
 
 
+RESPONSE_ITEM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string", "enum": ["message"]},
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+        "content": text_content_schema(("input_text", "output_text")),
+    },
+    "required": ["role", "content"],
+}
+
+
 @extend_schema_field(
     {
         "oneOf": [
             {"type": "string", "description": "one user message"},
-            {"type": "array", "minItems": 1, "items": {"type": "object"}, "description": "message items"},
+            {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_MESSAGES,
+                "items": RESPONSE_ITEM_SCHEMA,
+                "description": "message items",
+            },
         ]
     }
 )

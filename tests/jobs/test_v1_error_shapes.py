@@ -57,3 +57,16 @@ def test_openais_stop_is_bounded_as_the_horde_routes_stop_sequence_is():
             assert err.param == "stop", err.param
         else:
             raise AssertionError(f"stop {stop!r:.40} was accepted")
+
+
+def test_an_invalid_item_of_a_list_field_is_named_by_its_index_not_a_500():
+    from hordeops import errors
+    from jobs.protocols import AnthropicMessages
+
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        AnthropicMessages().parse({**body, "stop_sequences": ["END", ""]})
+    except errors.ProtocolValidationError as err:
+        assert err.param == "stop_sequences.1" and "blank" in err.message
+    else:
+        raise AssertionError("a blank stop sequence was accepted")
