@@ -693,7 +693,7 @@ def test_the_deadline_error_event_after_commitment_is_exactly_the_contracts_in_e
         (errors.InvalidAPIKey(), 401, "authentication_error", "authentication_error"),
         (errors.WrongCredentials(), 403, "permission_error", "invalid_request_error"),
         (errors.UnknownModel(), 404, "not_found_error", "invalid_request_error"),
-        (errors.MethodNotAllowed(), 405, "invalid_request_error", "invalid_request_error"),
+        (errors.MethodNotAllowed(allowed=("POST",)), 405, "invalid_request_error", "invalid_request_error"),
         (errors.ReplyFailed("cancelled"), 409, "conflict_error", "invalid_request_error"),
         (errors.PayloadTooLarge(), 413, "request_too_large", "invalid_request_error"),
         (errors.ReplyFailed("too_many_restarts"), 502, "api_error", "server_error"),
