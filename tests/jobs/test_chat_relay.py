@@ -144,12 +144,11 @@ def test_the_openai_sdk_gets_a_non_streamed_reply_with_its_usage(live_stack, acc
     assert completion.id == f"chatcmpl-{text_request.pk}"
 
 
-def test_a_give_back_after_the_stream_is_committed_is_told_as_a_give_back_not_a_lapse(live_stack, accounts):
-    server_a, server_b = live_stack.urls
-    requester, owner = accounts
-    worker = ChatWorker(server_b, owner.api_key, name="giving-worker", model=MODEL)
-    worker.pop()
-    sent = DELTAS[:2]
+def _committed_stream(
+    server: str, requester, worker: ChatWorker, sent: list[str], end
+) -> tuple[list, list, str]:
+    """A raw SSE chat request that `worker` serves `sent` to, which commits its stream; then
+    `end(generation_id)`. The stream's events before it and after, and the generation."""
 
     def serve_some() -> str:
         worker.pop_job()
@@ -158,14 +157,28 @@ def test_a_give_back_after_the_stream_is_committed_is_told_as_a_give_back_not_a_
 
     serving = Background(serve_some)
     headers = {"Authorization": f"Bearer {requester.api_key}"}
-    with httpx.Client(base_url=server_a, headers=headers, timeout=WAIT_SECONDS) as http:
+    with httpx.Client(base_url=server, headers=headers, timeout=WAIT_SECONDS) as http:
         with http.stream("POST", "/v1/chat/completions", json=_stream_body()) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
             data_lines = (line for line in response.iter_lines() if line)
-            [_data(next(data_lines)) for _ in range(1 + len(sent))]
-            serving.result()
-            assert worker.submit("", state="faulted").status_code == 200  # the worker's Ctrl-C
+            head = [_data(next(data_lines)) for _ in range(1 + len(sent))]
+            generation_id = serving.result()
+            end(generation_id)
             tail = [_data(line) for line in data_lines]
-    [error_event] = tail
+    return head, tail, generation_id
+
+
+def test_a_give_back_after_the_stream_is_committed_is_told_as_a_give_back_not_a_lapse(live_stack, accounts):
+    server_a, server_b = live_stack.urls
+    requester, owner = accounts
+    worker = ChatWorker(server_b, owner.api_key, name="giving-worker", model=MODEL)
+    worker.pop()
+
+    def give_back(generation_id: str) -> None:
+        assert worker.submit("", state="faulted").status_code == 200  # the worker's Ctrl-C
+
+    _, [error_event], _ = _committed_stream(server_a, requester, worker, DELTAS[:2], give_back)
     assert error_event["error"]["code"] == "generation_given_back"
     assert "lapsed" not in error_event["error"]["message"]
 
@@ -183,17 +196,9 @@ def test_an_abort_after_the_stream_is_committed_ends_it_with_an_error_event_and_
         return worker.id
 
     # Raw SSE over httpx: read the relayed deltas, then lapse the lease and run the stale pass.
-    serving = Background(serve_some)
-    headers = {"Authorization": f"Bearer {requester.api_key}"}
-    with httpx.Client(base_url=server_a, headers=headers, timeout=WAIT_SECONDS) as http:
-        with http.stream("POST", "/v1/chat/completions", json=_stream_body()) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            data_lines = (line for line in response.iter_lines() if line)
-            head = [_data(next(data_lines)) for _ in range(1 + len(sent))]
-            generation_id = serving.result()
-            _lapse_and_run_stale_pass(generation_id)
-            tail = [_data(line) for line in data_lines]
+    head, tail, generation_id = _committed_stream(
+        server_a, requester, worker, sent, _lapse_and_run_stale_pass
+    )
 
     assert head[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert [event["choices"][0]["delta"]["content"] for event in head[1:]] == sent
