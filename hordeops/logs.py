@@ -23,3 +23,17 @@ class ExpectedOutcomes(logging.Filter):
                 (method, path, self.deadline.code, self.deadline.status),
             )
         return True
+
+
+class RefusedHost(logging.Filter):
+    """Django logs a request for a host outside ALLOWED_HOSTS at ERROR with its whole traceback
+    (`django.security.DisallowedHost`): about 2 KB a request anyone can send. It is a refusal
+    (400), logged as one WARNING line naming the host, cut to 100 characters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request = getattr(record, "request", None)
+        host = request.META.get("HTTP_HOST", "") if request is not None else ""
+        record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        record.msg, record.args = "request for a host this horde does not serve: %r", (host[:100],)
+        record.exc_info = record.exc_text = None
+        return True

@@ -451,6 +451,7 @@ LOGGING = {
     },
     "filters": {
         "expected_outcomes": {"()": "hordeops.logs.ExpectedOutcomes"},
+        "refused_host": {"()": "hordeops.logs.RefusedHost"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain"},
@@ -458,6 +459,7 @@ LOGGING = {
     "loggers": {
         # Propagated to the root's handler; the filter runs before it.
         "django.request": {"filters": ["expected_outcomes"]},
+        "django.security.DisallowedHost": {"filters": ["refused_host"]},
     },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }

@@ -1,4 +1,5 @@
-"""What the logs say about expected outcomes: a deadline's 504 is INFO, not Django's ERROR."""
+"""What the logs say about expected outcomes: a deadline's 504 is INFO, not Django's ERROR, and a
+refused host one WARNING line, not a traceback."""
 
 import logging
 
@@ -36,3 +37,13 @@ def test_other_server_errors_are_still_logged_as_errors(caplog):
         "ERROR",
         "Service Unavailable: /x",
     )
+
+
+def test_a_refused_host_is_one_warning_line_with_no_traceback(client, caplog):
+    caplog.set_level(logging.INFO)
+    answer = client.get("/api/v2/status/heartbeat", HTTP_HOST="attacker.example" + "x" * 500)
+    assert answer.status_code == 400
+    [record] = [r for r in caplog.records if r.name == "django.security.DisallowedHost"]
+    assert (record.levelname, record.exc_info) == ("WARNING", None)
+    assert record.getMessage().startswith("request for a host this horde does not serve: 'attacker.example")
+    assert len(record.getMessage()) < 200
