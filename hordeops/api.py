@@ -192,7 +192,7 @@ class RateLimitMiddleware(MiddlewareMixin):
         api_key = request.headers.get("apikey") or ""
         now = time.monotonic()
         memory = ratelimit.key_memory
-        if not memory.blocking and not memory.is_bad(api_key, now):
+        if not memory.blocking(now) and not memory.is_bad(api_key, now):
             return None  # the usual call: two look-ups in this process's memory
         address = ratelimit.address_bucket(_client_address(request))
         if memory.is_blocked(address, api_key, now):

@@ -172,21 +172,22 @@ class KeyMemory:
         self._bad: OrderedDict[str, float] = OrderedDict()
         self._good: OrderedDict[str, None] = OrderedDict()
         self._blocked: OrderedDict[str, float] = OrderedDict()
+        self._blocked_until = 0.0  # when the last block ends
 
     def clear(self) -> None:
         with self._lock:
             self._bad.clear()
             self._good.clear()
             self._blocked.clear()
+            self._blocked_until = 0.0
 
     def is_bad(self, api_key: str, now: float) -> bool:
         until = self._bad.get(api_key)
         return until is not None and until > now
 
-    @property
-    def blocking(self) -> bool:
-        """Whether any address is refused now, or was until lately."""
-        return bool(self._blocked)
+    def blocking(self, now: float) -> bool:
+        """Whether any address may be refused now."""
+        return now < self._blocked_until
 
     def is_blocked(self, address: str, api_key: str, now: float) -> bool:
         until = self._blocked.get(address)
@@ -210,6 +211,7 @@ class KeyMemory:
     def block(self, address: str, until: float) -> None:
         with self._lock:
             self._remember(self._blocked, address, until)
+            self._blocked_until = max(self._blocked_until, until)
 
     def _remember(self, entries: OrderedDict, key: str, value) -> None:
         entries[key] = value

@@ -195,6 +195,15 @@ def test_a_remembered_bad_key_is_asked_again_once_its_time_is_up(settings):
     assert not ratelimit.key_memory.is_bad("0000000000", time.monotonic())
 
 
+def test_an_address_refused_for_bad_keys_is_served_again_once_its_bucket_has_refilled():
+    memory, now = ratelimit.key_memory, time.monotonic()
+    memory.block("198.51.100.9", now + 1)
+    assert memory.blocking(now) and memory.is_blocked("198.51.100.9", "bogus-key-0000000000", now)
+    assert not memory.is_blocked("198.51.100.10", "bogus-key-0000000000", now)  # another address
+    later = now + 1.01
+    assert not memory.blocking(later) and not memory.is_blocked("198.51.100.9", "bogus-key-0000000000", later)
+
+
 def test_x_forwarded_for_is_ignored_unless_the_peer_is_a_trusted_proxy(make_caller, served, settings):
     callers = [make_caller(f"spoofer-{i}") for i in range(6)]
     # From an untrusted peer, each request claims another address: all count as the peer's.
