@@ -80,7 +80,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         """Answer `err` in the error shape of the head's path (the horde's before it is known)
         and close the connection."""
         self._disarm_head_timer()
-        self.transport.write(_raw_response(self._head_path(), err))
+        if self.cycle is None or self.cycle.response_complete:
+            # Not while an answer is on its way (a pipelined head behind a stream): it would
+            # land inside that answer. The connection is closed all the same.
+            self.transport.write(_raw_response(self._head_path(), err))
         self.transport.close()
 
     def _head_path(self) -> str:
