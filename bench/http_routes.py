@@ -1,0 +1,285 @@
+"""The hot routes over HTTP against `bin/web`'s server: requests per second, latency, and the CPU
+each request costs the web processes and PostgreSQL.
+
+Run:  .venv/bin/python bench/http_routes.py [--root PATH] [--seconds 8] [--threads 4]
+          [--web-workers 2] [--unable 200] [--rounds 1]
+
+(about a minute a round; JSON on stdout, progress on stderr.) Run it before and after every change
+that touches a hot route, the ASGI handler, the middleware or the database backend, and give both
+figures in the closing note (docs/benchmarks.md, "The hot routes over HTTP").
+
+It serves the checkout at --root (default: this one; another, such as a `git worktree` of an
+older commit with a `.venv` link, to compare commits with this same load): gunicorn with
+--web-workers of that checkout's worker class as `bin/web` starts it (uvicorn's own before there
+was one),
+rate limits and the per-account bound off so that one client address and one requester can load
+it, on a database of its own (hordeops_bench_http, made anew and migrated by that checkout) and
+Redis database 9. Four phases of --seconds each, --threads keep-alive connections each:
+
+    idle_pop    pops with nothing queued
+    unable_pop  pops past --unable waiting requests the worker cannot take (too long for it)
+    async       requests queued by one requester (POST /api/v2/generate/text/async)
+    cycle       pop -> submit, on the requests the async phase queued
+
+For each: requests per second, p50/p99 ms, non-200 answers, and CPU ms per request of the web
+processes and of PostgreSQL (its every process, from /proc: utime + stime over the phase). The
+load generator shares the machine's 2 cores; `python_loop_seconds` says how fast the machine was.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.common import free_port, percentile, python_loop_seconds  # noqa: E402
+
+DB_NAME = "hordeops_bench_http"
+REDIS_DB = 9
+MODEL = "bench/http-model"
+WORKER_MAX_LENGTH = 100  # the async phase's requests (80) fit; the unable ones (512) do not
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _env(root: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
+        "REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
+        "DJANGO_SETTINGS_MODULE": "hordeops.settings",
+        "LOG_LEVEL": "WARNING",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "KEY_RATE_PER_SECOND": "0",
+        "ADDRESS_RATE_PER_SECOND": "0",
+        "ACCOUNT_MAX_WAITING_REQUESTS": "10000000",
+        "PYTHONPATH": str(root),
+    }
+
+
+def _prepare(root: Path, env: dict[str, str]) -> tuple[str, str]:
+    """A new database migrated by `root`, Redis emptied; a requester's and a worker owner's keys."""
+    subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", DB_NAME], check=True)
+    subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", DB_NAME], check=True)
+    python = str(root / ".venv" / "bin" / "python")
+    subprocess.run([python, "manage.py", "migrate", "--noinput", "-v0"], cwd=root, env=env, check=True)
+    subprocess.run(["redis-cli", "-n", str(REDIS_DB), "flushdb"], check=True, capture_output=True)
+    keys = []
+    for name in ("http-requester", "http-owner"):
+        made = subprocess.run(
+            [python, "manage.py", "create_account", name], cwd=root, env=env, check=True, capture_output=True
+        )
+        keys.append(made.stdout.decode().split()[-1])
+    return keys[0], keys[1]
+
+
+def _worker_class(root: Path) -> str:
+    """`bin/web`'s worker class in `root`; uvicorn's own in a checkout older than it."""
+    if (root / "hordeops" / "web_worker.py").exists():
+        return "hordeops.web_worker.QuietUvicornWorker"
+    return "uvicorn.workers.UvicornWorker"
+
+
+def _start_web(root: Path, env: dict[str, str], port: int, workers: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [str(root / ".venv" / "bin" / "gunicorn"), "hordeops.asgi:application",
+         "-k", _worker_class(root), "-w", str(workers), "-b", f"127.0.0.1:{port}",
+         "--log-level", "warning", "--forwarded-allow-ips", "", "--keep-alive", "75"],
+        cwd=root, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            probe.request("GET", "/api/v2/status/heartbeat")
+            if probe.getresponse().status == 200:
+                return server
+        except OSError:
+            time.sleep(0.2)
+    server.terminate()
+    raise RuntimeError("gunicorn did not come up")
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total
+
+
+def _web_pids(master: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
+
+
+def _postgres_pids() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+class _Client:
+    """One keep-alive connection, Nagle off (as urllib3 and httpx set theirs)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.connection: http.client.HTTPConnection | None = None
+
+    def post(self, path: str, body: dict, key: str) -> tuple[int, dict]:
+        for attempt in (1, 2):
+            if self.connection is None:
+                self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                self.connection.connect()
+                self.connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                self.connection.request(
+                    "POST", path, json.dumps(body), {"apikey": key, "Content-Type": "application/json"}
+                )
+                answer = self.connection.getresponse()
+                return answer.status, json.loads(answer.read() or b"{}")
+            except (OSError, http.client.HTTPException):
+                self.connection.close()
+                self.connection = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def _pop_body(name: str) -> dict:
+    return {"name": name, "models": [MODEL], "max_length": WORKER_MAX_LENGTH, "max_context_length": 4096}
+
+
+def _phase(name: str, args, port: int, master: int, call) -> dict:
+    """Run `call(client, thread_index)` on --threads connections for --seconds; the figures."""
+    latencies: list[float] = []
+    failures: list[int] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + args.seconds
+    start = threading.Barrier(args.threads + 1)
+
+    def run(index: int) -> None:
+        client = _Client(port)
+        mine, bad = [], []
+        start.wait()
+        while time.monotonic() < stop:
+            began = time.perf_counter()
+            status = call(client, index)
+            mine.append((time.perf_counter() - began) * 1000)
+            if status != 200 and status != 202:
+                bad.append(status)
+        with lock:
+            latencies.extend(mine)
+            failures.extend(bad)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(args.threads)]
+    for thread in threads:
+        thread.start()
+    web, database = _web_pids(master), _postgres_pids()
+    web_before, db_before = _cpu_ticks(web), _cpu_ticks(database)
+    started = time.monotonic()
+    start.wait()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    web_ms = (_cpu_ticks(web) - web_before) * 1000 / TICKS
+    db_ms = (_cpu_ticks(database) - db_before) * 1000 / TICKS
+    calls = len(latencies)
+    print(f"http_routes: {name} {calls} calls", file=sys.stderr)
+    return {
+        "calls": calls,
+        "requests_per_second": round(calls / elapsed, 1),
+        "p50_ms": round(percentile(latencies, 0.5), 1),
+        "p99_ms": round(percentile(latencies, 0.99), 1),
+        "non_200": len(failures),
+        "web_cpu_ms_per_request": round(web_ms / max(calls, 1), 2),
+        "postgres_cpu_ms_per_request": round(db_ms / max(calls, 1), 2),
+    }
+
+
+def _round(args, root: Path) -> dict:
+    env = _env(root)
+    requester, owner = _prepare(root, env)
+    port = free_port()
+    server = _start_web(root, env, port, args.web_workers)
+    try:
+        setup = _Client(port)
+        for i in range(args.threads):
+            setup.post("/api/v2/generate/text/pop", _pop_body(f"http-worker-{i}"), owner)
+        figures = {}
+
+        def pop(client: _Client, index: int) -> int:
+            return client.post("/api/v2/generate/text/pop", _pop_body(f"http-worker-{index}"), owner)[0]
+
+        figures["idle_pop"] = _phase("idle_pop", args, port, server.pid, pop)
+        too_long = {"prompt": "too long for the worker", "models": [MODEL], "params": {"max_length": 512}}
+        for _ in range(args.unable):
+            setup.post("/api/v2/generate/text/async", too_long, requester)
+        figures["unable_pop"] = _phase("unable_pop", args, port, server.pid, pop)
+        fits = {"prompt": "Once upon a time", "models": [MODEL], "params": {"max_length": 80}}
+
+        def enqueue(client: _Client, index: int) -> int:
+            return client.post("/api/v2/generate/text/async", fits, requester)[0]
+
+        figures["async"] = _phase("async", args, port, server.pid, enqueue)
+
+        def cycle(client: _Client, index: int) -> int:
+            status, job = client.post("/api/v2/generate/text/pop", _pop_body(f"http-worker-{index}"), owner)
+            if status != 200 or not job.get("id"):
+                return status if status != 200 else 599  # an empty pop: the queue ran out
+            body = {"id": job["id"], "generation": "The end of the story."}
+            return client.post("/api/v2/generate/text/submit", body, owner)[0]
+
+        figures["cycle"] = _phase("cycle", args, port, server.pid, cycle)
+        return figures
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to serve")
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--unable", type=int, default=200, help="waiting requests the worker cannot take")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    root = args.root.resolve()
+    if not shutil.which("createdb"):
+        raise SystemExit("needs PostgreSQL's client programs (createdb, dropdb)")
+    subprocess.run([str(ROOT / "bin" / "services")], check=True)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    rounds = [_round(args, root) for _ in range(args.rounds)]
+    print(
+        json.dumps(
+            {
+                "bench": "http_routes",
+                "commit": head.stdout.strip(),
+                "machine": {"cores": os.cpu_count(), "python_loop_seconds": python_loop_seconds()},
+                "server": f"gunicorn -k {_worker_class(root)} -w {args.web_workers}",
+                "load": f"{args.threads} keep-alive connections, {args.seconds} s a phase, same machine",
+                "rounds": rounds,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
