@@ -164,12 +164,6 @@ class BodyLimitMiddleware(MiddlewareMixin):
         return None
 
 
-def _client_address(request: HttpRequest) -> str:
-    return ratelimit.client_address(
-        request.META.get("REMOTE_ADDR", ""), request.headers.get("X-Forwarded-For", "")
-    )
-
-
 class RateLimitMiddleware(MiddlewareMixin):
     """The token buckets (hordeops.ratelimit), before any route's work; on the worker routes,
     only for keys no account has, which each process remembers (`ratelimit.key_memory`)."""
@@ -181,7 +175,7 @@ class RateLimitMiddleware(MiddlewareMixin):
         if not ratelimit.is_limited_path(path):
             return None
         api_key = keys.requester_api_key(path, request.headers)
-        wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=_client_address(request)))
+        wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=ratelimit.request_address(request)))
         if wait:
             return error_response_for_path(path, errors.RateLimited(wait_seconds=wait))
         return None
@@ -194,7 +188,7 @@ class RateLimitMiddleware(MiddlewareMixin):
         memory = ratelimit.key_memory
         if not memory.blocking(now) and not memory.is_bad(api_key, now):
             return None  # the usual call: two look-ups in this process's memory
-        address = ratelimit.address_bucket(_client_address(request))
+        address = ratelimit.address_bucket(ratelimit.request_address(request))
         if memory.is_blocked(address, api_key, now):
             return horde_json(errors.RateLimited(wait_seconds=1))
         if memory.is_bad(api_key, now):
@@ -206,7 +200,7 @@ class RateLimitMiddleware(MiddlewareMixin):
             api_key = request.headers.get("apikey") or ""
             if response.status_code == errors.InvalidAPIKey.status:
                 ratelimit.key_memory.bad(api_key, time.monotonic())
-                address = ratelimit.address_bucket(_client_address(request))
+                address = ratelimit.address_bucket(ratelimit.request_address(request))
                 return self._bad_key(address, time.monotonic()) or response
             if api_key and response.status_code < 400:
                 ratelimit.key_memory.good(api_key)

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django_redis import get_redis_connection
 
-from hordeops.ratelimit import address_bucket, client_address
+from hordeops.ratelimit import address_bucket, request_address
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,7 @@ def _keys(address: str, username: str) -> dict[str, str]:
 
 
 def address_of(request: HttpRequest) -> str:
-    return address_bucket(
-        client_address(request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR", ""))
-    )
+    return address_bucket(request_address(request))
 
 
 def lockout(*, request: HttpRequest, username: str) -> Lockout | None:

@@ -110,6 +110,11 @@ def client_address(peer: str, forwarded_for: str) -> str:
     return peer  # every hop is one of ours: the request came from inside
 
 
+def request_address(request) -> str:
+    """The client address of a Django request: `client_address` of its peer and X-Forwarded-For."""
+    return client_address(request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR", ""))
+
+
 def _is_trusted(address: str, trusted: tuple) -> bool:
     try:
         ip = ipaddress.ip_address(address)

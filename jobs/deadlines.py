@@ -19,6 +19,7 @@ from django.core.cache import cache
 from django.http import HttpRequest
 
 from hordeops import clock, dbwait, errors
+from hordeops.parsing import ascii_int
 
 HEADER = "X-MultiLLM-Deadline-Ms"
 INTERNAL_HEADER = "X-MultiLLM-Internal-Deadline-Ms"
@@ -116,9 +117,9 @@ def _authenticated_internal(request: HttpRequest, value: str) -> bool:
     if not secret or not raw:
         return False
     parts = dict(part.split("=", 1) for part in raw.split(",") if "=" in part)
-    if not _DIGITS.fullmatch(parts.get("t", "")) or len(parts["t"]) > _MAX_DIGITS or "v1" not in parts:
+    timestamp = ascii_int(parts.get("t"), max_digits=_MAX_DIGITS)
+    if timestamp is None or "v1" not in parts:
         return False
-    timestamp = int(parts["t"])
     if abs(time.time() - timestamp) > SIGNATURE_WINDOW_SECONDS:
         return False
     expected = internal_signature(
