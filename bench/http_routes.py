@@ -32,7 +32,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -41,13 +40,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import free_port, percentile, python_loop_seconds  # noqa: E402
+from bench.common import (  # noqa: E402
+    HTTPConnection,
+    cpu_seconds,
+    free_port,
+    percentile,
+    python_loop_seconds,
+    wait_for_heartbeat,
+)
 
 DB_NAME = "hordeops_bench_http"
 REDIS_DB = 9
 MODEL = "bench/http-model"
 WORKER_MAX_LENGTH = 100  # the async phase's requests (80) fit; the unable ones (512) do not
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -95,28 +100,10 @@ def _start_web(root: Path, env: dict[str, str], port: int, workers: int) -> subp
          "--log-level", "warning", "--forwarded-allow-ips", "", "--keep-alive", "75"],
         cwd=root, env=env,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            probe = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            probe.request("GET", "/api/v2/status/heartbeat")
-            if probe.getresponse().status == 200:
-                return server
-        except OSError:
-            time.sleep(0.2)
-    server.terminate()
-    raise RuntimeError("gunicorn did not come up")
-
-
-def _cpu_ticks(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total
+    if not wait_for_heartbeat(port):
+        server.terminate()
+        raise RuntimeError("gunicorn did not come up")
+    return server
 
 
 def _web_pids(master: int) -> list[int]:
@@ -145,9 +132,7 @@ class _Client:
     def post(self, path: str, body: dict, key: str) -> tuple[int, dict]:
         for attempt in (1, 2):
             if self.connection is None:
-                self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-                self.connection.connect()
-                self.connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.connection = HTTPConnection("127.0.0.1", self.port, timeout=30)
             try:
                 self.connection.request(
                     "POST", path, json.dumps(body), {"apikey": key, "Content-Type": "application/json"}
@@ -199,14 +184,14 @@ def _phase(name: str, args, port: int, master: int, call) -> dict:
     for thread in threads:
         thread.start()
     web, database = _web_pids(master), _postgres_pids()
-    web_before, db_before = _cpu_ticks(web), _cpu_ticks(database)
+    web_before, db_before = cpu_seconds(web), cpu_seconds(database)
     started = time.monotonic()
     start.wait()
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - started
-    web_ms = (_cpu_ticks(web) - web_before) * 1000 / TICKS
-    db_ms = (_cpu_ticks(database) - db_before) * 1000 / TICKS
+    web_ms = (cpu_seconds(web) - web_before) * 1000
+    db_ms = (cpu_seconds(database) - db_before) * 1000
     calls = len(latencies)
     print(f"http_routes: {name} {calls} calls", file=sys.stderr)
     return {
