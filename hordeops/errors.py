@@ -13,6 +13,8 @@ class DomainError(Exception):
     default_message = "The request could not be processed."
     # Seconds after which the same call may succeed: sent as `retry-after` in every shape.
     retry_after: int | None = None
+    # The methods the route serves, for a 405: sent as `allow` (RFC 9110) in every shape.
+    allow: tuple[str, ...] = ()
 
     def __init__(self, message: str | None = None, **extra: object) -> None:
         self.message = message or self.default_message
@@ -29,8 +31,8 @@ def response_headers(err: DomainError, status: int) -> dict[str, str]:
         headers["x-should-retry"] = "false"
     if err.retry_after is not None:
         headers["retry-after"] = str(err.retry_after)
-    if isinstance(err, MethodNotAllowed):
-        headers["allow"] = ", ".join(err.allowed)  # RFC 9110: a 405 says what the route serves
+    if err.allow:
+        headers["allow"] = ", ".join(err.allow)
     return headers
 
 
@@ -204,7 +206,7 @@ class MethodNotAllowed(DomainError):
 
     def __init__(self, message: str | None = None, *, allowed: tuple[str, ...]) -> None:
         super().__init__(message)
-        self.allowed = allowed
+        self.allow = allowed
 
 
 class ProgressOutOfOrder(DomainError):
