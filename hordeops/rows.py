@@ -30,14 +30,19 @@ def columns(model: type[Model], alias: str = "", fields: Fields = None) -> str:
 
 
 def fetch_instance(
-    model: type[M], sql: str, params: Sequence[Any] | Mapping[str, Any], *, extra: Sequence[str] = ()
+    model: type[M],
+    sql: str,
+    params: Sequence[Any] | Mapping[str, Any],
+    *,
+    extra: Sequence[str] = (),
+    generic_plan: bool = False,
 ) -> M | None:
     """The first row of `sql` as an instance of `model`, or None.
 
     The statement's columns are `columns(model)` then one per name in `extra`, which are set
-    as attributes (as `raw()` sets annotations).
+    as attributes (as `raw()` sets annotations). `generic_plan`: see `_first_generic_row`.
     """
-    row = _first_row(sql, params)
+    row = _first_generic_row(sql, params) if generic_plan else _first_row(sql, params)
     if row is None:
         return None
     instance = _instance(model, None, row, 0)
@@ -73,6 +78,30 @@ def _first_row(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | N
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
+
+
+# Sent in one pipeline with the statement after it: no Sync between them, so they share an
+# implicit transaction and the setting ends with the statement.
+_GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
+
+
+def _first_generic_row(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:
+    """`_first_row`, with a prepared statement's generic plan used from the first run it is
+    prepared, in the same round trip.
+
+    PostgreSQL plans a prepared statement anew at each run unless its generic plan is
+    estimated cheaper than the custom plans so far, which a long statement's rarely is on a
+    short queue: planning then costs more than running it. `plan_cache_mode` chooses for it,
+    but is a session's setting; set LOCAL just before the statement, it holds for that one.
+    In a transaction block it would hold to the block's end, so there the statement runs as is.
+    """
+    if connection.in_atomic_block:
+        return _first_row(sql, params)
+    with connection.cursor() as cursor, connection.wrap_database_errors:
+        with connection.connection.pipeline():
+            cursor.execute(_GENERIC_PLAN)
+            cursor.execute(sql, params)
+            return cursor.fetchone()
 
 
 def _instance(model: type[M], fields: Fields, row: tuple, offset: int) -> M:

@@ -143,7 +143,7 @@ def pop_generation(
     }
     # One statement, so one implicit transaction: lock the request, take its jobs, start the
     # leases. Nothing else runs between the lock and the commit.
-    request = fetch_instance(TextRequest, sql.claim(), params, extra=sql.CLAIMED)
+    request = fetch_instance(TextRequest, sql.claim(), params, extra=sql.CLAIMED, generic_plan=True)
     if request is None:
         if worker.maintenance:
             raise errors.WorkerMaintenance(worker.maintenance_reason or None)

@@ -226,6 +226,37 @@ def test_the_pop_costs_a_pinned_number_of_queries(requester, owner, django_asser
 
 
 @pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_pop_sends_its_plan_setting_with_the_claim(
+    requester, owner, django_assert_num_queries
+):
+    owner.pop("w")
+    requester.request_text()
+    # The check-in, then the claim with the setting that chooses its plan, in one round trip.
+    with django_assert_num_queries(3) as captured:
+        assert owner.pop("w").json()["id"] is not None
+    assert captured.captured_queries[1]["sql"] == "SET LOCAL plan_cache_mode = force_generic_plan"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_is_planned_once_per_connection_not_at_every_pop(owner):
+    """At an idle pop PostgreSQL estimates a custom plan cheaper than the generic one, and
+    would plan the claim anew at every pop (several times what running it costs)."""
+    owner.pop("idle")
+    for _ in range(12):  # past psycopg's prepare threshold, on this thread's one connection
+        assert isinstance(pop_generation(api_key=owner.api_key, name="idle", **POP), EmptyPop)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%picked AS%"],
+        )
+        generic, custom = cursor.fetchone()
+        cursor.execute("SHOW plan_cache_mode")
+        mode = cursor.fetchone()[0]
+    assert (generic > 0, custom) == (True, 0)
+    assert mode == "auto"  # the setting ended with the claim
+
+
+@pytest.mark.django_db(transaction=True)
 def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_caller, settings):
     settings.ACCOUNT_MAX_WAITING_REQUESTS = 100
     requester = make_caller("requester")
