@@ -8,6 +8,7 @@ a progress post's). Here the statement lists the columns itself, in the model's 
 (`columns`), so that mapping is worked out once per model and field list.
 """
 
+import re
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any, TypeVar
@@ -27,6 +28,32 @@ def columns(model: type[Model], alias: str = "", fields: Fields = None) -> str:
     # Quoted as PostgreSQL quotes identifiers, without asking a connection: this runs while
     # modules build their statements, before any database is configured.
     return ", ".join(f'{prefix}"{field.column}"' for field in _fields(model, fields))
+
+
+# A type's length, left out of a cast: a cast to varchar(n) cuts a longer value, which the
+# INSERT would refuse.
+_LENGTH = re.compile(r"\(\d+\)")
+
+
+def insert_columns(model: type[Model], exclude: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The concrete columns of an INSERT of `model` but `exclude` (attnames), and their values as
+    named placeholders (`insert_values`), each cast to its column's type: an INSERT ... SELECT
+    does not give its placeholders the target's types, and a NULL would be text."""
+    chosen = [field for field in model._meta.concrete_fields if field.attname not in exclude]
+    names = ", ".join(f'"{field.column}"' for field in chosen)
+    values = ", ".join(
+        f"%({field.attname})s::{_LENGTH.sub('', field.cast_db_type(connection))}" for field in chosen
+    )
+    return names, values
+
+
+def insert_values(instance: Model, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The instance's concrete fields but `exclude`, by attname, as the ORM's INSERT sends them."""
+    return {
+        field.attname: field.get_db_prep_save(field.pre_save(instance, True), connection)
+        for field in instance._meta.concrete_fields
+        if field.attname not in exclude
+    }
 
 
 def fetch_instance(

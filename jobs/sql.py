@@ -11,7 +11,7 @@ literal lets the planner match the partial indexes). Each statement is built onc
 
 from functools import cache
 
-from hordeops.rows import columns
+from hordeops.rows import columns, insert_columns
 from jobs import eligibility
 from jobs.models import QUEUE_SHAPE, Generation, QueuedModel, TextRequest, lease_end_sql
 from workers.capacity import ONLINE_SQL
@@ -202,6 +202,36 @@ def _folded(sql: str) -> str:
     """The statement on one line (it holds no comments, and no literal with spaces in it)."""
     assert "--" not in sql
     return " ".join(sql.split())
+
+
+# -- Queueing a request ------------------------------------------------------------------------
+
+# The account's row, locked until the transaction ends: requests of one account queue one at a
+# time, so two cannot both take its last place (nor the same rank).
+LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR UPDATE"
+
+
+@cache
+def queue_request() -> str:
+    """Insert the request (`insert_values` of it, but its fair rank) at its fair rank, the
+    account's waiting or running requests (counted to %(limit)s, on `request_active_by_account`),
+    if they are fewer than %(limit)s; return the rank, or nothing where the account is at its bound.
+
+    Run after LOCK_ACCOUNT in the same transaction: a statement of its own, so that its
+    snapshot, taken once the lock is held, sees every request the account queued before.
+    """
+    names, values = insert_columns(TextRequest, exclude=("fair_rank",))
+    return _folded(f"""
+        INSERT INTO {REQUESTS} ({names}, fair_rank)
+        SELECT {values}, a.active FROM (
+            SELECT count(*) AS active FROM (
+                SELECT 1 FROM {REQUESTS} AS r
+                WHERE r.account_id = %(account_id)s AND r.state = '{ACTIVE}' LIMIT %(limit)s
+            ) AS r
+        ) AS a
+        WHERE a.active < %(limit)s
+        RETURNING fair_rank
+    """)
 
 
 # -- Who posts: the worker routes' first read --------------------------------------------------

@@ -9,9 +9,11 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from hordeops import clock, errors
+from hordeops.rows import insert_values
+from jobs import sql
 from jobs.models import Generation, TextRequest
 from jobs.status import eligible_workers
 from workers.models import Account, Worker
@@ -104,32 +106,31 @@ def create_text_request(
 
 def _queue(account: Account, *, now: datetime, deadline_at: datetime | None, **fields: Any) -> TextRequest:
     """Admit the request within the account's bound and queue it at its fair rank; it lives
-    until its lifetime or its deadline, whichever is sooner."""
-    with transaction.atomic():
-        return TextRequest.objects.create(
-            account=account,
-            fair_rank=_admit(account),
-            created_at=now,
-            expires_at=_expiry(now, deadline_at),
-            deadline_at=deadline_at,
-            **fields,
-        )
+    until its lifetime or its deadline, whichever is sooner.
 
-
-def _admit(account: Account) -> int:
-    """Refuse a request past the account's bound of waiting or running requests, or return
-    how many the account has: the new request's `fair_rank`.
-
-    The account's row is locked until the caller's transaction ends, so two requests at once
-    cannot both take its last place (nor the same rank); the count reads the
-    `request_active_by_account` index.
+    Refused past the account's bound of waiting or running requests; else its `fair_rank` is
+    how many the account has. The account's lock, the count and the INSERT (`sql.queue_request`)
+    go in one round trip with the transaction's start, its commit in a second.
     """
-    Account.objects.select_for_update().filter(pk=account.pk).values_list("pk", flat=True).first()
+    request = TextRequest(
+        account=account,
+        created_at=now,
+        expires_at=_expiry(now, deadline_at),
+        deadline_at=deadline_at,
+        **fields,
+    )
     limit = account.waiting_requests_limit
-    active = TextRequest.objects.filter(account_id=account.pk, state=TextRequest.State.ACTIVE)[:limit].count()
-    if active >= limit:
-        raise errors.TooManyPrompts(count=active, limit=limit)
-    return active
+    params = {**insert_values(request, exclude=("fair_rank",)), "limit": limit}
+    with transaction.atomic(), connection.cursor() as cursor, connection.connection.pipeline():
+        cursor.execute(sql.LOCK_ACCOUNT, {"account_id": account.pk})
+        cursor.execute(sql.queue_request(), params)
+        admitted = cursor.fetchone()
+    if admitted is None:
+        # Counted to the limit: an account refused has exactly as many as it may.
+        raise errors.TooManyPrompts(count=limit, limit=limit)
+    request.fair_rank = admitted[0]
+    request._state.adding, request._state.db = False, connection.alias
+    return request
 
 
 def _expiry(now: datetime, deadline_at: datetime | None) -> datetime:
