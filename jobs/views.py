@@ -39,7 +39,7 @@ def _validated(serializer_class, request: Request) -> dict:
 def _worker_post(serializer_class, request: Request) -> tuple[str | None, dict]:
     """A worker route's API key and its validated body.
 
-    The body is checked in one pass where it is plainly valid (`WorkerInput.quick`), by
+    The body is checked in one pass where it is plainly valid (`HotInput.quick`), by
     DRF otherwise. The service checks the key in its own first statement (a round trip saved on the
     hottest routes). A body refused here is refused for a bad key first, 401 before 400,
     as when the key was checked before the body was read.

@@ -1,4 +1,4 @@
-"""jobs.serializers: the worker routes' inputs share their fields, and still validate each body alone."""
+"""jobs.serializers: the hot routes' inputs share their fields, and still validate each body alone."""
 
 import threading
 import uuid
@@ -75,3 +75,44 @@ def test_submit_and_progress_inputs_validate_alike_on_many_threads():
 def test_a_worker_input_refuses_a_context_its_shared_fields_could_not_see():
     with pytest.raises(TypeError):
         PopInput(data=POP, context={"request": None})
+
+
+ASYNC_BODIES = [
+    {"prompt": "Once upon a time", "params": {"max_length": 80, "n": 2, "stop_sequence": ["\nYou:"]}},
+    {"prompt": "x", "params": {"sampler_order": [6, 0, 1, 2, 3, 4, 5], "temperature": 0.7}},
+    {"prompt": "x", "params": {"sampler_order": [0, 0, 1, 2, 3, 4, 5]}},  # a method's refusal
+    {"prompt": "x", "params": {"max_length": 9, "top_p": 2}},  # two nested field errors
+    {"prompt": "x", "models": ["m"] * 201, "params": "not an object"},
+    {"prompt": "plain"},
+]
+
+
+def _async_results(bodies: list[dict]) -> list:
+    from jobs.serializers import TextAsyncInput
+
+    results = []
+    for body in bodies:
+        serializer = TextAsyncInput(data=body)
+        valid = serializer.is_valid()
+        results.append((valid, dict(serializer.validated_data) if valid else serializer.errors))
+    return results
+
+
+def test_an_async_body_with_nested_params_validates_alone_in_any_order():
+    """The async input and its nested params share their fields too: each body's answer,
+    refusals from a nested field or a method included, is the same in any order."""
+    results: dict[str, list] = {}
+
+    def run(name: str, bodies: list[dict]) -> None:
+        results[name] = _async_results(bodies)
+
+    for name, bodies in (("forward", ASYNC_BODIES), ("backward", ASYNC_BODIES[::-1])):
+        thread = threading.Thread(target=run, args=(name, bodies))  # fields built afresh
+        thread.start()
+        thread.join()
+    assert results["forward"] == results["backward"][::-1]
+    assert [valid for valid, _ in results["forward"]] == [True, True, False, False, False, True]
+    assert results["forward"][0][1]["params"]["stop_sequence"] == ["\nYou:"]
+    assert set(results["forward"][3][1]["params"]) == {"max_length", "top_p"}
+    assert "sampler_order" in results["forward"][2][1]["params"]
+    assert results["forward"][5][1]["models"] == [] and "params" not in results["forward"][5][1]
