@@ -14,8 +14,9 @@ older commit with a `.venv` link, to compare commits with this same load): gunic
 was one),
 rate limits and the per-account bound off so that one client address and one requester can load
 it, on a database of its own (hordeops_bench_http, made anew and migrated by that checkout) and
-Redis database 9. Four phases of --seconds each, --threads keep-alive connections each:
+Redis database 9. Five phases of --seconds each, --threads keep-alive connections each:
 
+    heartbeat   GET /api/v2/status/heartbeat: no database, no body; the stack's floor
     idle_pop    pops with nothing queued
     unable_pop  pops past --unable waiting requests the worker cannot take (too long for it)
     async       requests queued by one requester (POST /api/v2/generate/text/async)
@@ -70,20 +71,21 @@ def _env(root: Path) -> dict[str, str]:
     }
 
 
-def _prepare(root: Path, env: dict[str, str]) -> tuple[str, str]:
-    """A new database migrated by `root`, Redis emptied; a requester's and a worker owner's keys."""
+def _prepare(root: Path, env: dict[str, str]) -> tuple[str, str, str]:
+    """A new database migrated by `root`, Redis emptied; a requester's, a worker owner's and
+    the unable requests' account's keys (its own: a requester's queueing counts its requests)."""
     subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", DB_NAME], check=True)
     subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", DB_NAME], check=True)
     python = str(root / ".venv" / "bin" / "python")
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v0"], cwd=root, env=env, check=True)
     subprocess.run(["redis-cli", "-n", str(REDIS_DB), "flushdb"], check=True, capture_output=True)
     keys = []
-    for name in ("http-requester", "http-owner"):
+    for name in ("http-requester", "http-owner", "http-hoarder"):
         made = subprocess.run(
             [python, "manage.py", "create_account", name], cwd=root, env=env, check=True, capture_output=True
         )
         keys.append(made.stdout.decode().split()[-1])
-    return keys[0], keys[1]
+    return keys[0], keys[1], keys[2]
 
 
 def _worker_class(root: Path) -> str:
@@ -130,13 +132,16 @@ class _Client:
         self.connection: http.client.HTTPConnection | None = None
 
     def post(self, path: str, body: dict, key: str) -> tuple[int, dict]:
+        return self.call("POST", path, json.dumps(body), {"apikey": key, "Content-Type": "application/json"})
+
+    def call(
+        self, method: str, path: str, body: str | None = None, headers: dict | None = None
+    ) -> tuple[int, dict]:
         for attempt in (1, 2):
             if self.connection is None:
                 self.connection = HTTPConnection("127.0.0.1", self.port, timeout=30)
             try:
-                self.connection.request(
-                    "POST", path, json.dumps(body), {"apikey": key, "Content-Type": "application/json"}
-                )
+                self.connection.request(method, path, body, headers or {})
                 answer = self.connection.getresponse()
                 return answer.status, json.loads(answer.read() or b"{}")
             except (OSError, http.client.HTTPException):
@@ -155,6 +160,29 @@ def _analyze() -> None:
     """Table statistics as autovacuum keeps them in service: a database made a second ago has
     none, and the pop's plan then reads the whole queue for every row it walks."""
     subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", DB_NAME, "-qc", "ANALYZE"], check=True)
+
+
+def _copy_requests(copies: int, *, max_length: int | None = None) -> None:
+    """`copies` more of the newest waiting request (of --max_length, if given), queued behind
+    it in order: faster than over HTTP, for the large queues. Its jobs_queuedmodel rows come
+    from the database's own trigger, as for any request."""
+    if copies <= 0:
+        return
+    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", DB_NAME, "-qAtc"]
+    listed = subprocess.run(
+        [*psql, "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs_textrequest'"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    copied = [c for c in listed.stdout.split() if c not in ("id", "created_at")]
+    names, values = ", ".join(copied), ", ".join(f"n.{c}" for c in copied)
+    same = f"AND max_length = {int(max_length)}" if max_length else ""
+    copy = f"""
+        WITH newest AS (SELECT * FROM jobs_textrequest WHERE state = 'active' {same}
+                        ORDER BY created_at DESC LIMIT 1)
+        INSERT INTO jobs_textrequest (id, created_at, {names})
+        SELECT gen_random_uuid(), n.created_at + i * interval '1 microsecond', {values}
+        FROM newest AS n, generate_series(1, {int(copies)}) AS i"""
+    subprocess.run([*psql, copy], check=True)
 
 
 def _phase(name: str, args, port: int, master: int, call) -> dict:
@@ -207,7 +235,7 @@ def _phase(name: str, args, port: int, master: int, call) -> dict:
 
 def _round(args, root: Path) -> dict:
     env = _env(root)
-    requester, owner = _prepare(root, env)
+    requester, owner, hoarder = _prepare(root, env)
     port = free_port()
     server = _start_web(root, env, port, args.web_workers)
     try:
@@ -216,13 +244,19 @@ def _round(args, root: Path) -> dict:
             setup.post("/api/v2/generate/text/pop", _pop_body(f"http-worker-{i}"), owner)
         figures = {}
 
+        def heartbeat(client: _Client, index: int) -> int:
+            return client.call("GET", "/api/v2/status/heartbeat")[0]
+
+        figures["heartbeat"] = _phase("heartbeat", args, port, server.pid, heartbeat)
+
         def pop(client: _Client, index: int) -> int:
             return client.post("/api/v2/generate/text/pop", _pop_body(f"http-worker-{index}"), owner)[0]
 
         figures["idle_pop"] = _phase("idle_pop", args, port, server.pid, pop)
         too_long = {"prompt": "too long for the worker", "models": [MODEL], "params": {"max_length": 512}}
-        for _ in range(args.unable):
-            setup.post("/api/v2/generate/text/async", too_long, requester)
+        for _ in range(min(args.unable, 200)):
+            setup.post("/api/v2/generate/text/async", too_long, hoarder)
+        _copy_requests(args.unable - 200)
         figures["unable_pop"] = _phase("unable_pop", args, port, server.pid, pop)
         fits = {"prompt": "Once upon a time", "models": [MODEL], "params": {"max_length": 80}}
 
@@ -230,6 +264,8 @@ def _round(args, root: Path) -> dict:
             return client.post("/api/v2/generate/text/async", fits, requester)[0]
 
         figures["async"] = _phase("async", args, port, server.pid, enqueue)
+        # Enough for the cycle phase at 400 cycles/s (the async phase queued fewer).
+        _copy_requests(int(args.seconds * 400), max_length=80)
 
         def cycle(client: _Client, index: int) -> int:
             status, job = client.post("/api/v2/generate/text/pop", _pop_body(f"http-worker-{index}"), owner)
