@@ -335,6 +335,16 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
+# What only the admin's pages use (sessions, logins, forms, flash messages): a request for any
+# other path, the API's among them, skips these (hordeops/asgi.py): work for nothing on every
+# API request.
+ADMIN_ONLY_MIDDLEWARE = (
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+)
+
 X_FRAME_OPTIONS = "DENY"
 # Where a login goes when its `next` is refused (another site's, say): the admin, the only
 # pages there are, not Django's default /accounts/profile/ (a 404 here).

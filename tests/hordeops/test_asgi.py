@@ -164,3 +164,37 @@ def test_a_static_path_outside_the_static_files_is_a_json_404(path):
 def test_the_admins_own_static_files_are_still_served():
     status, body, _ = _get(asgi.application, "/static/admin/css/base.css")
     assert status == 200 and b"DJANGO Admin styles" in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_the_admins_pages_pass_the_admin_only_middleware(monkeypatch):
+    from django.contrib.messages.middleware import MessageMiddleware
+    from django.contrib.sessions.middleware import SessionMiddleware
+    from django.middleware.csrf import CsrfViewMiddleware
+
+    seen: list[str] = []
+    for middleware in (SessionMiddleware, MessageMiddleware):
+        original = middleware.process_request
+
+        def recording(self, request, original=original):
+            seen.append(f"{type(self).__name__} {request.path}")
+            return original(self, request)
+
+        monkeypatch.setattr(middleware, "process_request", recording)
+    csrf_view = CsrfViewMiddleware.process_view
+
+    def recording_view(self, request, *args):
+        seen.append(f"CsrfViewMiddleware {request.path}")
+        return csrf_view(self, request, *args)
+
+    monkeypatch.setattr(CsrfViewMiddleware, "process_view", recording_view)
+    assert _get(asgi.application, "/api/v2/status/heartbeat")[0] == 200
+    assert _get(asgi.application, "/api/v2/no-such-route")[0] == 404
+    assert seen == []
+    status, body, _ = _get(asgi.application, "/admin/login/")
+    assert status == 200 and b"csrfmiddlewaretoken" in body  # the login form, as before
+    assert seen == [
+        "SessionMiddleware /admin/login/",
+        "MessageMiddleware /admin/login/",
+        "CsrfViewMiddleware /admin/login/",
+    ]
