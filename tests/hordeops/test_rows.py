@@ -3,11 +3,11 @@
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import DataError, connection
 from django.forms.models import model_to_dict
 from django.utils import timezone
 
-from hordeops.rows import columns, fetch_instance, fetch_instances
+from hordeops.rows import columns, fetch_instance, fetch_instances, insert_columns, insert_values
 from jobs.models import TextRequest
 from workers.models import Account
 
@@ -42,6 +42,45 @@ def test_a_fetched_instance_equals_the_orms_json_and_arrays_included(requester):
     assert fetched.requested_models == ["m1", "m2"]
     assert fetched.answer == 42
     assert fetched._state.adding is False and fetched._state.db == connection.alias
+
+
+def _insert_select(request: TextRequest) -> None:
+    names, values = insert_columns(TextRequest)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {TextRequest._meta.db_table} ({names}) SELECT {values}", insert_values(request)
+        )
+
+
+def test_an_insert_select_of_an_instance_stores_what_the_orms_save_would(requester):
+    now = timezone.now()
+    fields = {
+        "account": requester.account,
+        "kind": TextRequest.Kind.CHAT,
+        "prompt": "p",
+        "messages": [{"role": "user", "content": "héllo"}],
+        "params": {"temperature": 0.5},
+        "requested_models": ["m1"],
+        "created_at": now,
+        "expires_at": now + timedelta(minutes=5),
+        "deadline_at": None,  # a NULL as its column's type, not as text
+    }
+    written = TextRequest(**fields)
+    _insert_select(written)
+    saved = TextRequest.objects.create(**fields)
+    stored = TextRequest.objects.get(pk=written.pk)
+    assert model_to_dict(stored, exclude=["id"]) == model_to_dict(
+        TextRequest.objects.get(pk=saved.pk), exclude=["id"]
+    )
+
+
+def test_an_insert_selects_casts_keep_the_columns_length_bound(requester):
+    # A cast to varchar(8) would cut "chat-and-more" to fit; the INSERT must refuse it.
+    _, values = insert_columns(TextRequest)
+    assert "::varchar," in values and "(8)" not in values
+    too_long = TextRequest(account=requester.account, kind="chat-and-more", expires_at=timezone.now())
+    with pytest.raises(DataError):
+        _insert_select(too_long)
 
 
 def test_no_row_gives_none():
