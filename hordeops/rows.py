@@ -9,7 +9,8 @@ a progress post's). Here the statement lists the columns itself, in the model's 
 """
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, TypeVar
 
@@ -124,11 +125,19 @@ def _first_generic_row(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> t
     """
     if connection.in_atomic_block:
         return _first_row(sql, params)
-    with connection.cursor() as cursor, connection.wrap_database_errors:
-        with connection.connection.pipeline():
-            cursor.execute(_GENERIC_PLAN)
-            cursor.execute(sql, params)
-            return cursor.fetchone()
+    with pipelined() as cursor:
+        cursor.execute(_GENERIC_PLAN)
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+@contextmanager
+def pipelined() -> Iterator[Any]:
+    """A cursor whose statements go to PostgreSQL together, in one round trip (a psycopg
+    pipeline), up to the first fetch. Its errors are Django's, whichever call raises them: the
+    pipeline's exit can, outside the cursor's own wrapping."""
+    with connection.cursor() as cursor, connection.wrap_database_errors, connection.connection.pipeline():
+        yield cursor
 
 
 def _instance(model: type[M], fields: Fields, row: tuple, offset: int) -> M:

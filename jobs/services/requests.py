@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from hordeops import clock, errors
-from hordeops.rows import insert_values
+from hordeops.rows import insert_values, pipelined
 from jobs import sql
 from jobs.models import Generation, TextRequest
 from jobs.status import eligible_workers
@@ -121,12 +121,10 @@ def _queue(account: Account, *, now: datetime, deadline_at: datetime | None, **f
     )
     limit = account.waiting_requests_limit
     params = {**insert_values(request, exclude=("fair_rank",)), "limit": limit}
-    with transaction.atomic(), connection.cursor() as cursor, connection.wrap_database_errors:
-        # Django's errors for the pipeline's too, whichever call raises them (its exit can).
-        with connection.connection.pipeline():
-            cursor.execute(sql.LOCK_ACCOUNT, {"account_id": account.pk})
-            cursor.execute(sql.queue_request(), params)
-            admitted = cursor.fetchone()
+    with transaction.atomic(), pipelined() as cursor:
+        cursor.execute(sql.LOCK_ACCOUNT, {"account_id": account.pk})
+        cursor.execute(sql.queue_request(), params)
+        admitted = cursor.fetchone()
     if admitted is None:
         # Counted to the limit: an account refused has exactly as many as it may.
         raise errors.TooManyPrompts(count=limit, limit=limit)
