@@ -144,6 +144,27 @@ def start_stack(
     return [web, *celery]
 
 
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (a gunicorn master's workers), none once it has ended."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def postgres_pids() -> list[int]:
+    """Every PostgreSQL process on the machine: the server, its backends and helpers."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User and system CPU time of these processes so far (those that ended are skipped)."""
     ticks = os.sysconf("SC_CLK_TCK")

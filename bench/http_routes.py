@@ -43,9 +43,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     HTTPConnection,
+    children,
     cpu_seconds,
     free_port,
     percentile,
+    postgres_pids,
     python_loop_seconds,
     wait_for_heartbeat,
 )
@@ -106,22 +108,6 @@ def _start_web(root: Path, env: dict[str, str], port: int, workers: int) -> subp
         server.terminate()
         raise RuntimeError("gunicorn did not come up")
     return server
-
-
-def _web_pids(master: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
-
-
-def _postgres_pids() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "postgres":
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
 
 
 class _Client:
@@ -211,7 +197,7 @@ def _phase(name: str, args, port: int, master: int, call) -> dict:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(args.threads)]
     for thread in threads:
         thread.start()
-    web, database = _web_pids(master), _postgres_pids()
+    web, database = children(master), postgres_pids()
     web_before, db_before = cpu_seconds(web), cpu_seconds(database)
     started = time.monotonic()
     start.wait()

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     KeepAliveConnection,
     bench_env,
+    children,
     cpu_seconds,
     free_port,
     percentile,
@@ -79,11 +79,6 @@ def _backends() -> list[int]:
     return pids
 
 
-def _children(pid: int) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(p) for p in found]
-
-
 async def _worker(port: int, api_key: str, index: int, poll: float, stops: list, records: list) -> None:
     """One idle worker: its own keep-alive connection; pops every `poll` seconds until the
     last stop, recording into the phase it is in."""
@@ -117,7 +112,7 @@ async def _run(port: int, api_key: str, args, web_pid: int) -> dict:
         for i in range(args.workers)
     ]
     await asyncio.sleep(max(0.0, warm_until - time.monotonic()))
-    web_pids, pg_pids = _children(web_pid), await asyncio.to_thread(_backends)
+    web_pids, pg_pids = children(web_pid), await asyncio.to_thread(_backends)
     web_cpu, pg_cpu = cpu_seconds(web_pids), cpu_seconds(pg_pids)
     own_cpu, started = time.process_time(), time.monotonic()
     await asyncio.sleep(max(0.0, stops[1] - time.monotonic()))

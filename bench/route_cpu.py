@@ -25,25 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     HTTPConnection,
+    children,
     cpu_seconds,
     free_port,
+    postgres_pids,
     prepare_database,
     python_loop_seconds,
     start_web,
 )
 from bench.route_throughput import DB_NAME, _env, _fill_queue, pop_body  # noqa: E402
-
-
-def _postgres_pids() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"postgres" in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
 
 
 def main() -> None:
@@ -64,7 +54,7 @@ def main() -> None:
     server = start_web(port, 1, _env())
     try:
         http_ = HTTPConnection("127.0.0.1", port, timeout=30)
-        worker_pid = int(Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()[0])
+        worker_pid = children(server.pid)[0]
         headers = {"apikey": api_key, "Content-Type": "application/json"}
         pop_json = json.dumps(pop_body("cpu-w"))
 
@@ -81,7 +71,7 @@ def main() -> None:
             jobs.append((job["id"], job["kind"]))
 
         def measure(calls: int, send) -> dict:
-            postgres = _postgres_pids()
+            postgres = postgres_pids()
             web0, pg0, wall0 = cpu_seconds([worker_pid]), cpu_seconds(postgres), time.perf_counter()
             for i in range(calls):
                 send(i)

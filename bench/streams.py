@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     HTTPConnection,
     bench_env,
+    children,
     cpu_seconds,
     free_port,
     percentile,
@@ -250,13 +251,6 @@ def _reset(streams: int) -> tuple[list[str], str]:
     return keys, owner
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except FileNotFoundError:
-        return []
-
-
 def _rss_kb(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -327,7 +321,7 @@ def _run(streams: int, args) -> dict:
     if args.split:
         worker_port = free_port()
         servers.append(start_web(worker_port, args.web_workers, _env()))
-    web_by_server = [[server.pid, *_children(server.pid)] for server in servers]
+    web_by_server = [[server.pid, *children(server.pid)] for server in servers]
     web = [pid for pids in web_by_server for pid in pids]
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
