@@ -21,7 +21,17 @@ def test_the_stacks_virtualenv_has_the_runtime_requirements_only(tmp_path):
         [str(ROOT / "bin" / "venv")], env=env, cwd=ROOT, check=True, capture_output=True, timeout=600
     )
     python = venv / "bin" / "python"
-    for module in ("django", "rest_framework", "psycopg", "celery", "gunicorn", "uvicorn", "redis"):
+    # hordeops_bridge: a worker runs from the stack's virtualenv too (`.venv/bin/hordeops-bridge`).
+    for module in (
+        "django",
+        "rest_framework",
+        "psycopg",
+        "celery",
+        "gunicorn",
+        "uvicorn",
+        "redis",
+        "hordeops_bridge",
+    ):
         assert _imports(python, module), module
     for module in ("pytest", "playwright", "matplotlib", "hypothesis", "openai", "anthropic"):
         assert not _imports(python, module), module

@@ -1,0 +1,5 @@
+import sys
+
+from hordeops_bridge.cli import main
+
+sys.exit(main())

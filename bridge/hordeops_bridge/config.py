@@ -1,0 +1,168 @@
+"""The bridge's settings: a flag wins over its environment variable, which wins over the YAML
+file (`--config`), which wins over what the backend reports, which wins over the default.
+
+Names are the AI Horde worker's where it has one (`horde_url`, `api_key`, `worker_name`,
+`max_threads` as `threads`, `kai_url` as `backend_url`), so that a volunteer's habits and
+an existing `bridgeData.yaml` carry over.
+"""
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hordeops_bridge import __version__
+
+BACKENDS = ("openai", "kobold")
+# Where each kind of server listens unless told otherwise: llama-server and KoboldCpp.
+DEFAULT_BACKEND_URLS = {"openai": "http://127.0.0.1:8080", "kobold": "http://127.0.0.1:5001"}
+# Used when neither the volunteer nor the backend says (the AI Horde pop's own defaults).
+DEFAULT_MAX_LENGTH = 512
+DEFAULT_MAX_CONTEXT_LENGTH = 2048
+# The AI Horde worker's YAML names for ours.
+YAML_ALIASES = {"kai_url": "backend_url", "max_threads": "threads", "scribe_name": "worker_name"}
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed: nothing can be served until it is fixed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    api_key: str
+    worker_name: str
+    horde_url: str = "http://127.0.0.1:8000"
+    backend: str = "openai"
+    backend_url: str = ""
+    backend_api_key: str = ""
+    model: str = ""
+    threads: int = 1
+    max_length: int = 0  # 0: what the backend reports, else DEFAULT_MAX_LENGTH
+    max_context_length: int = 0
+    progress_tokens: int = 16
+    progress_seconds: float = 0.25
+    pop_interval: float = 1.0
+    maintenance_wait: float = 60.0
+    grace_seconds: float = 30.0
+    once: bool = False
+    verbose: bool = False
+
+    @property
+    def bridge_agent(self) -> str:
+        """The AI Horde's `name:version:url`."""
+        return f"hordeops-bridge:{__version__}:unknown"
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    env: str
+    short: str = ""
+    kind: type = str
+    help: str = ""
+
+
+OPTIONS = [
+    Option("horde_url", "HORDE_URL", "-u", help="the horde's base URL (default http://127.0.0.1:8000)"),
+    Option("api_key", "HORDE_API_KEY", "-a", help="the API key of the account that owns the worker"),
+    Option("worker_name", "HORDE_WORKER_NAME", "-n", help="the worker's name (its first pop creates it)"),
+    Option(
+        "backend_url", "BACKEND_URL", help="the model server (default :8080 for openai, :5001 for kobold)"
+    ),
+    Option("backend", "BACKEND_KIND", help="openai (default) or kobold"),
+    Option("backend_api_key", "BACKEND_API_KEY", help="a bearer token for an OpenAI-compatible server"),
+    Option("model", "HORDE_MODEL", help="the model name to serve (default: what the backend reports)"),
+    Option("threads", "HORDE_THREADS", kind=int, help="jobs served at once (default 1)"),
+    Option("max_length", "HORDE_MAX_LENGTH", kind=int, help="longest reply, in tokens (default 512)"),
+    Option(
+        "max_context_length",
+        "HORDE_MAX_CONTEXT_LENGTH",
+        kind=int,
+        help="most prompt and reply tokens (default: the backend's context, else 2048)",
+    ),
+    Option("progress_tokens", "HORDE_PROGRESS_TOKENS", kind=int, help="tokens per progress post (16)"),
+    Option(
+        "progress_seconds", "HORDE_PROGRESS_SECONDS", kind=float, help="most seconds between posts (0.25)"
+    ),
+    Option("pop_interval", "HORDE_POP_INTERVAL", kind=float, help="seconds between empty pops (1)"),
+    Option(
+        "grace_seconds", "HORDE_GRACE_SECONDS", kind=float, help="SIGTERM: seconds jobs may finish in (30)"
+    ),
+]
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hordeops-bridge",
+        description="Serve a hordeops horde's text and chat jobs from your own model server.",
+        epilog="Each option may also come from its environment variable or the --config YAML file.",
+    )
+    for option in OPTIONS:
+        names = [option.short] if option.short else []
+        names.append(f"--{option.name}")
+        parser.add_argument(*names, type=option.kind, default=None, help=f"{option.help} [{option.env}]")
+    parser.add_argument("--config", default=None, help="a YAML file of these options [HORDE_CONFIG]")
+    parser.add_argument("--once", action="store_true", default=None, help="serve one job, then exit")
+    parser.add_argument("--verbose", action="store_true", default=None, help="log every progress answer")
+    parser.add_argument("--version", action="version", version=f"hordeops-bridge {__version__}")
+    return parser
+
+
+def _from_yaml(path: str) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {path}: not a mapping of option names to values")
+    return {YAML_ALIASES.get(key, key): value for key, value in loaded.items()}
+
+
+def _typed(name: str, value: Any, kind: type) -> Any:
+    if kind is bool and isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {value!r} is not a valid {kind.__name__}") from None
+
+
+def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> Config:
+    """The configuration from flags, environment and YAML, checked."""
+    environ = os.environ if environ is None else environ
+    args = vars(parser().parse_args(argv))
+    config_file = args.pop("config") or environ.get("HORDE_CONFIG")
+    from_file = _from_yaml(config_file) if config_file else {}
+    known = {field.name: field for field in fields(Config)}
+    unknown = sorted(set(from_file) - set(known))
+    if unknown:
+        raise ConfigError(f"--config {config_file}: unknown options {', '.join(unknown)}")
+    kinds = {option.name: option.kind for option in OPTIONS} | {"once": bool, "verbose": bool}
+    values: dict[str, Any] = {}
+    for name in known:
+        kind = kinds.get(name, str)
+        env = next((o.env for o in OPTIONS if o.name == name), None)
+        if args.get(name) is not None:
+            values[name] = args[name]
+        elif env and environ.get(env):
+            values[name] = _typed(name, environ[env], kind)
+        elif name in from_file and from_file[name] is not None:
+            values[name] = _typed(name, from_file[name], kind)
+    for required in ("api_key", "worker_name"):
+        if not values.get(required):
+            option = next(o for o in OPTIONS if o.name == required)
+            raise ConfigError(f"--{required} (or {option.env}) is required")
+    backend = values.get("backend", "openai")
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    values.setdefault("backend_url", DEFAULT_BACKEND_URLS[backend])
+    for name in ("threads", "progress_tokens"):
+        if values.get(name, 1) < 1:
+            raise ConfigError(f"--{name} must be at least 1")
+    for name in ("max_length", "max_context_length", "grace_seconds", "pop_interval"):
+        if values.get(name, 0) < 0:
+            raise ConfigError(f"--{name} must not be negative")
+    return Config(**values)

@@ -1,0 +1,230 @@
+"""The bridge's main loop: `threads` slots, each popping and serving one job at a time.
+
+Stopping: the first SIGTERM or SIGINT stops popping and lets running jobs finish for
+`grace_seconds`, then gives back what still runs; a second SIGINT gives back at once. A job
+given back goes to another worker straight away instead of waiting for its lease to lapse.
+"""
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import Any
+
+from hordeops_bridge.backends import Backend, BackendError, BackendInfo, backend_for
+from hordeops_bridge.config import DEFAULT_MAX_CONTEXT_LENGTH, DEFAULT_MAX_LENGTH, Config
+from hordeops_bridge.horde import Fatal, Horde, HordeUnreachable
+from hordeops_bridge.job import Job
+from hordeops_bridge.serve import JobServer, Outcome, Served
+
+log = logging.getLogger("hordeops_bridge")
+
+# Seconds between checks of a backend that is down or failed a job.
+BACKEND_CHECK_SECONDS = 5.0
+
+
+class Bridge:
+    def __init__(self, config: Config, *, horde: Horde | None = None, backend: Backend | None = None) -> None:
+        self.config = config
+        self.horde = horde or Horde(
+            config.horde_url,
+            config.api_key,
+            agent=config.bridge_agent,
+            connections=2 * config.threads + 2,
+        )
+        self.backend = backend or backend_for(
+            config.backend, config.backend_url, api_key=config.backend_api_key
+        )
+        self.stopping = asyncio.Event()
+        self.running: dict[str, asyncio.Task] = {}
+        self.backend_down = asyncio.Event()
+        self.seen_messages: set[str] = set()
+        self.last_outcome: Outcome | None = None
+        self.interrupts = 0
+
+    # --- stopping ---------------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stop)
+        loop.add_signal_handler(signal.SIGINT, self.interrupt)
+
+    def interrupt(self) -> None:
+        self.interrupts += 1
+        if self.interrupts == 1:
+            self.stop()
+        else:
+            log.warning("second interrupt: giving back %d running jobs now", len(self.running))
+            self.give_back_all()
+
+    def stop(self) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        if self.running:
+            log.warning(
+                "stopping: no more pops; %d running jobs may finish within %ss",
+                len(self.running),
+                self.config.grace_seconds,
+            )
+            asyncio.get_running_loop().call_later(self.config.grace_seconds, self.give_back_all)
+        else:
+            log.info("stopping: no job running")
+
+    def give_back_all(self) -> None:
+        for task in list(self.running.values()):
+            task.cancel()
+
+    async def _wait_or_stop(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), timeout=seconds)
+
+    # --- the backend ------------------------------------------------------------------------
+
+    async def describe_backend(self) -> BackendInfo | None:
+        """What the backend serves; waits while it is down, None if stopped meanwhile."""
+        said = False
+        while not self.stopping.is_set():
+            try:
+                return await self.backend.describe()
+            except BackendError as exc:
+                if not said:
+                    log.warning("backend %s not ready (%s); waiting for it", self.config.backend_url, exc)
+                    said = True
+            await self._wait_or_stop(BACKEND_CHECK_SECONDS)
+        return None
+
+    async def _wait_for_backend(self) -> None:
+        while not self.stopping.is_set() and not await self.backend.healthy():
+            await self._wait_or_stop(BACKEND_CHECK_SECONDS)
+        self.backend_down.clear()
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        info = await self.describe_backend()
+        if info is None:
+            return 0
+        config = self.config
+        self.model = config.model or info.model
+        self.max_length = config.max_length or info.max_length or DEFAULT_MAX_LENGTH
+        self.max_context_length = (
+            config.max_context_length or info.max_context_length or DEFAULT_MAX_CONTEXT_LENGTH
+        )
+        self.server = JobServer(
+            self.horde,
+            self.backend,
+            context_limit=self.max_context_length,
+            every_tokens=config.progress_tokens,
+            every_seconds=config.progress_seconds,
+            verbose=config.verbose,
+        )
+        log.info(
+            "serving %s as %s from %s (%s), %d threads, max_length %d, max_context_length %d",
+            self.model,
+            config.worker_name,
+            config.backend_url,
+            config.backend,
+            config.threads,
+            self.max_length,
+            self.max_context_length,
+        )
+        slots = [asyncio.create_task(self._slot()) for _ in range(config.threads)]
+        try:
+            await asyncio.gather(*slots)
+        except Fatal:
+            self.stopping.set()
+            self.give_back_all()
+            for slot in slots:
+                slot.cancel()
+            await asyncio.gather(*slots, return_exceptions=True)
+            raise
+        if config.once:
+            return 0 if self.last_outcome is Outcome.SUBMITTED else 1
+        return 0
+
+    def pop_body(self) -> dict[str, Any]:
+        return {
+            "name": self.config.worker_name,
+            "models": [self.model],
+            "max_length": self.max_length,
+            "max_context_length": self.max_context_length,
+            "threads": self.config.threads,
+            "amount": 1,
+            "chat": True,
+            "bridge_agent": self.config.bridge_agent,
+        }
+
+    async def _slot(self) -> None:
+        while not self.stopping.is_set():
+            if self.backend_down.is_set():
+                await self._wait_for_backend()
+                continue
+            try:
+                answer = await self.horde.pop(self.pop_body())
+            except HordeUnreachable as exc:
+                log.warning("pop not delivered (%s); trying again", exc)
+                continue
+            popped_at = time.monotonic()
+            self._note_messages(answer.body.get("messages"))
+            if answer.rc == "WorkerMaintenance":
+                log.warning(
+                    "the worker is in maintenance (%s); popping again in %ss",
+                    answer.message,
+                    self.config.maintenance_wait,
+                )
+                await self._wait_or_stop(self.config.maintenance_wait)
+                continue
+            if answer.status != 200:
+                raise Fatal(f"pop answered {answer.status} {answer.rc}: {answer.message}")
+            if not answer.body.get("id"):
+                await self._wait_or_stop(self.config.pop_interval)
+                continue
+            await self._serve(Job.from_pop(answer.body), popped_at)
+            if self.config.once:
+                self.stopping.set()
+
+    async def _serve(self, job: Job, popped_at: float) -> None:
+        task = asyncio.create_task(self.server.serve(job, popped_at=popped_at))
+        self.running[job.id] = task
+        try:
+            await asyncio.wait({task})
+        finally:
+            del self.running[job.id]
+        if task.cancelled():
+            served = await self.server.give_back(job, Served(Outcome.GIVEN_BACK, detail="stopped"))
+            served.seconds = time.monotonic() - popped_at
+        else:
+            served = task.result()  # Fatal comes out here
+        self.last_outcome = served.outcome
+        if served.outcome is Outcome.GIVEN_BACK and served.detail.startswith("backend failed"):
+            self.backend_down.set()
+        self._log(job, served)
+
+    def _log(self, job: Job, served: Served) -> None:
+        rate = served.tokens / served.seconds if served.seconds > 0 else 0.0
+        line = (
+            f"job {job.id} ({job.kind}, {job.model}): {served.outcome.value}, {served.tokens} tokens "
+            f"in {served.seconds:.1f}s ({rate:.1f} tokens/s)"
+        )
+        if job.is_chat:
+            line += f", {served.posts} progress posts, lease {served.lease}"
+        if served.detail:
+            line += f"; {served.detail}"
+        level = logging.INFO if served.outcome is Outcome.SUBMITTED else logging.WARNING
+        log.log(level, line)
+
+    def _note_messages(self, messages: Any) -> None:
+        """Moderators' messages to the worker, each logged once."""
+        for message in messages or []:
+            if not isinstance(message, dict):
+                continue
+            key = str(message.get("id") or message.get("message"))
+            if key not in self.seen_messages:
+                self.seen_messages.add(key)
+                log.warning("message from the horde's moderators: %s", message.get("message"))
+
+    async def aclose(self) -> None:
+        await self.horde.aclose()
+        await self.backend.aclose()
