@@ -101,6 +101,8 @@ class TextParamsInput(HotInput):
     smoothing_factor = _float(0, 10)
     dynatemp_range = _float(0, 5)
     dynatemp_exponent = _float(0, 5)
+    # KoboldAI's own name for a sampling seed (the AI Horde has none): passed to the worker.
+    sampler_seed = _int(0, 2**31 - 1, required=False)
     sampler_order = SamplerOrderField(child=_int(0, 6), min_length=7, max_length=7, required=False)
     stop_sequence = serializers.ListField(
         # As sent: "\nYou:" must stop the model at the start of the user's turn, not at any "You:".

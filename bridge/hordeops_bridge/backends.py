@@ -277,8 +277,10 @@ class OpenAIBackend(Backend):
                         if "delta" in choice
                         else choice.get("text")
                     )
-                    if text is not None:
-                        tokens += 1  # one chunk a token, as these servers stream
+                    # One chunk a token, as these servers stream (an empty one holds part of a
+                    # character); the closing chunk that only says why it finished is none.
+                    if text or (text is not None and not choice.get("finish_reason")):
+                        tokens += 1
                     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                         tokens = usage["completion_tokens"]
                     if text or choice.get("finish_reason"):

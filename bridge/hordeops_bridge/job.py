@@ -134,12 +134,7 @@ async def fit(request: Request, *, budget: int, count) -> Request:
         used = await count(request.prompt)
         room = budget - request.max_tokens
         if used > room > 0:
-            # Cut by characters in proportion, then make sure by counting again.
-            keep = max(1, len(request.prompt) * room // used)
-            prompt = request.prompt[-keep:]
-            while keep > 1 and (used := await count(prompt)) > room:
-                keep = keep * 9 // 10
-                prompt = request.prompt[-keep:]
+            prompt, used = await _longest_end(request.prompt, room, count)
             notes.append(f"trimmed the prompt's start to {used} tokens")
             request = replace(request, prompt=prompt)
     max_tokens = request.max_tokens
@@ -149,6 +144,20 @@ async def fit(request: Request, *, budget: int, count) -> Request:
             raise DoesNotFit(f"the prompt takes {used} of the {budget} tokens of context")
         notes.append(f"shortened the reply to {max_tokens} tokens")
     return replace(request, max_tokens=max_tokens, fitted="; ".join(notes))
+
+
+async def _longest_end(prompt: str, room: int, count) -> tuple[str, int]:
+    """The longest end of `prompt` that counts at most `room` tokens, and its count."""
+    low, high, best = 0, len(prompt), ("", 0)
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = prompt[len(prompt) - middle :]
+        used = await count(candidate) if middle else 0
+        if used <= room:
+            best, low = (candidate, used), middle + 1
+        else:
+            high = middle - 1
+    return best
 
 
 def estimate_tokens(text: str) -> int:

@@ -166,6 +166,8 @@ def sampling(data: dict[str, Any], stops: list[str]) -> dict[str, Any]:
         params["temperature"] = data["temperature"]
     if data.get("top_p") is not None:
         params["top_p"] = data["top_p"]
+    if data.get("seed") is not None:
+        params["sampler_seed"] = data["seed"]  # the horde params' name for it
     if stops:
         params["stop_sequence"] = stops
     return params

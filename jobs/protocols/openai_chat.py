@@ -49,6 +49,7 @@ class ChatCompletionInput(serializers.Serializer):
     n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
     temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
     top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
+    seed = StrictIntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
     stop = StopField(required=False, allow_null=True)
 
     def validate_stop(self, value: Any) -> list[str]:

@@ -2,6 +2,7 @@
 worker, a Celery worker and beat, on a database of its own), llama.cpp's server on a tiny
 model, and the bridge installed with pip into a fresh virtualenv, as a volunteer installs it."""
 
+import json
 import os
 import re
 import shutil
@@ -36,7 +37,10 @@ STACK_SETTINGS = {
     "ADDRESS_RATE_PER_SECOND": "0",
     "WEB_WORKERS": "1",
 }
-MODEL = "hordeops-tiny"
+# The model file's name; the bridge serves it as `openai/<name>` (the backend kind, as the AI
+# Horde names models `backend/Model`, when the server does not name its engine).
+MODEL_FILE = "hordeops-tiny"
+MODEL = f"openai/{MODEL_FILE}"
 
 
 def _on_database(name: str) -> str:
@@ -140,7 +144,7 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     seconds on one core (a cancellation must find it still generating)."""
     assert ENGINE_PYTHON.exists(), "the engine is not installed: run bin/engine-venv (bin/test does)"
     return write_model(
-        tmp_path_factory.mktemp("model") / f"{MODEL}.gguf", embedding=512, blocks=6, feed_forward=1536
+        tmp_path_factory.mktemp("model") / f"{MODEL_FILE}.gguf", embedding=512, blocks=6, feed_forward=1536
     )
 
 
@@ -206,3 +210,39 @@ def run_bridge(bridge_command: Path, tmp_path: Path):
             bridge.process.kill()
             bridge.process.wait(timeout=10)
         print(f"--- bridge ---\n{bridge.output()[-5000:]}")  # shown by pytest only when the test fails
+
+
+def until(check, timeout: float = 20, message: str = "timed out") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+
+
+def sse_data(response: httpx.Response) -> list[dict]:
+    """The JSON `data:` payloads of an event stream, in order."""
+    return [
+        json.loads(line[5:]) for line in response.iter_lines() if line.startswith("data:") and "{" in line
+    ]
+
+
+@pytest.fixture(scope="module")
+def accounts(stack: Stack) -> dict[str, str]:
+    return {"owner": stack.create_account("bridge-owner"), "requester": stack.create_account("requester")}
+
+
+@pytest.fixture
+def bridge(stack: Stack, engine: Engine, accounts: dict[str, str], run_bridge) -> Bridge:
+    """The bridge in front of the module's engine, checked in, with room for long replies."""
+    return start_bridge(stack, engine, accounts["owner"], run_bridge, "tiny-bridge")
+
+
+def start_bridge(stack: Stack, engine: Engine, key: str, run_bridge, name: str, *args: str) -> Bridge:
+    started = run_bridge(
+        "--horde_url", stack.url, f"--api_key={key}", "--worker_name", name, "--backend_url", engine.url,
+        "--max_length", "1800", *args,
+    )  # fmt: skip
+    started.wait_for(rf"serving \S+ as {name}")
+    # Its first pop checks the worker in; from then on its model is known to requesters.
+    until(lambda: httpx.get(f"{stack.url}/api/v2/workers/name/{name}").status_code == 200)
+    return started

@@ -1,74 +1,143 @@
 """The bridge serves the stack's requesters from a real engine: the OpenAI, Anthropic and horde
 routes get the engine's own reply (greedy sampling makes it repeatable, so the reply through the
-horde is compared with the same request sent to the engine directly), streamed in pieces."""
-
-import json
-import time
+horde is compared with the same request sent to the engine directly), streamed in pieces, with
+the job's parameters applied by the engine."""
 
 import httpx
 import pytest
 
-from tests.bridge.conftest import MODEL
+from tests.bridge.conftest import MODEL, sse_data, until
 
 pytestmark = pytest.mark.timeout(240)
 PROMPT_MARKER = "prompt-marker-no-log-may-carry"
-MESSAGES = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": f"Say hello. {PROMPT_MARKER}"},
-]
+SYSTEM = "Be brief."
+USER = f"Say hello. {PROMPT_MARKER}"
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER}]
 
 
-@pytest.fixture(scope="module")
-def accounts(stack):
-    return {"owner": stack.create_account("bridge-owner"), "requester": stack.create_account("requester")}
+def _direct(engine, path: str, **body) -> str:
+    answer = httpx.post(f"{engine.url}{path}", json={"temperature": 0, **body}, timeout=60).json()
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if "message" in choice else choice["text"]
 
 
-@pytest.fixture
-def bridge(stack, engine, accounts, run_bridge):
-    started = run_bridge(
-        "--horde_url", stack.url, f"--api_key={accounts['owner']}", "--worker_name", "tiny-bridge",
-        "--backend_url", engine.url, "--model", MODEL,
-    )  # fmt: skip
-    started.wait_for(r"serving .* as tiny-bridge")
-    # The first pop checks the worker in; then the model is known to requesters.
-    _until(lambda: httpx.get(f"{stack.url}/api/v2/workers/name/tiny-bridge").status_code == 200)
-    return started
+def _tokens(engine, text: str) -> int:
+    return len(httpx.post(f"{engine.url}/extras/tokenize", json={"input": text}).json()["tokens"])
 
 
-def _until(check, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
-def _direct_chat(engine, max_tokens: int) -> str:
-    body = {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0}
-    answer = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=60).json()
-    return answer["choices"][0]["message"]["content"]
-
-
-def _events(response: httpx.Response) -> list[dict]:
-    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+def _no_text_in_log(bridge, *texts: str) -> None:
+    output = bridge.output()
+    for text in (PROMPT_MARKER, *texts):
+        assert text[:24] not in output
 
 
 def test_a_streamed_chat_completion_is_the_engines_reply_in_pieces(stack, engine, accounts, bridge) -> None:
-    expected = _direct_chat(engine, 96)
+    expected = _direct(engine, "/v1/chat/completions", messages=MESSAGES, max_tokens=96)
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 96, "temperature": 0, "stream": True}
     headers = {"Authorization": f"Bearer {accounts['requester']}"}
-    with httpx.stream(
-        "POST", f"{stack.url}/v1/chat/completions", json=body, headers=headers, timeout=60
-    ) as r:
-        assert r.status_code == 200, r.read()
-        chunks = _events(r)
-    pieces = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
-    pieces = [piece for piece in pieces if piece]
+    url = f"{stack.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        chunks = sse_data(response)
+    choices = [chunk["choices"][0] for chunk in chunks if chunk["choices"]]
+    pieces = [choice["delta"]["content"] for choice in choices if choice["delta"].get("content")]
     assert "".join(pieces) == expected
     assert len(pieces) >= 3, pieces
-    finish = [
-        c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]
-    ]
-    assert finish == ["length"]
-    line = bridge.wait_for(r"job \S+ \(chat, hordeops-tiny\): submitted, (\d+) tokens")
+    assert [choice["finish_reason"] for choice in choices if choice["finish_reason"]] == ["length"]
+    line = bridge.wait_for(rf"job \S+ \(chat, {MODEL}\): submitted, (\d+) tokens")
     assert int(line[1]) == 96
-    assert PROMPT_MARKER not in bridge.output() and expected[:20] not in bridge.output()
+    _no_text_in_log(bridge, expected)
+
+
+def test_a_streamed_response_and_message_are_the_engines_reply(stack, engine, accounts, bridge) -> None:
+    expected = _direct(engine, "/v1/chat/completions", messages=MESSAGES, max_tokens=64)
+    key = accounts["requester"]
+    body = {"model": MODEL, "instructions": SYSTEM, "input": USER, "max_output_tokens": 64, "temperature": 0}
+    with httpx.stream(
+        "POST", f"{stack.url}/v1/responses", json={**body, "stream": True},
+        headers={"Authorization": f"Bearer {key}"}, timeout=60,
+    ) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        events = sse_data(response)
+    deltas = [event["delta"] for event in events if event["type"] == "response.output_text.delta"]
+    assert "".join(deltas) == expected and len(deltas) >= 2
+
+    body = {"model": MODEL, "system": SYSTEM, "messages": [{"role": "user", "content": USER}]}
+    with httpx.stream(
+        "POST", f"{stack.url}/v1/messages", json={**body, "max_tokens": 64, "temperature": 0, "stream": True},
+        headers={"x-api-key": key, "anthropic-version": "2023-06-01"}, timeout=60,
+    ) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        events = sse_data(response)
+    deltas = [event["delta"]["text"] for event in events if event["type"] == "content_block_delta"]
+    assert "".join(deltas) == expected and len(deltas) >= 2
+    _no_text_in_log(bridge, expected)
+
+
+def _horde_text(stack, key: str, prompt: str, **params) -> dict:
+    """A horde text request, queued and waited for; its finished status."""
+    headers = {"apikey": key}
+    body = {"prompt": prompt, "params": params, "models": [MODEL]}
+    queued = httpx.post(f"{stack.url}/api/v2/generate/text/async", json=body, headers=headers)
+    assert queued.status_code == 202, queued.text
+    url = f"{stack.url}/api/v2/generate/text/status/{queued.json()['id']}"
+    status: dict = {}
+
+    def done() -> bool:
+        status.update(httpx.get(url).json())
+        return bool(status.get("done") or status.get("faulted"))
+
+    until(done, timeout=60)
+    return status
+
+
+def test_a_horde_text_request_is_served_whole_from_the_completions_route(stack, engine, accounts, bridge):
+    prompt = f"Once upon a time {PROMPT_MARKER}"
+    expected = _direct(engine, "/v1/completions", prompt=prompt, max_tokens=48)
+    status = _horde_text(stack, accounts["requester"], prompt, max_length=48, temperature=0)
+    assert status["done"] and status["generations"][0]["text"] == expected
+    line = bridge.wait_for(rf"job \S+ \(text, {MODEL}\): submitted, (\d+) tokens[^,]*\)(.*)")
+    assert int(line[1]) == 48 and "progress posts" not in line[2]  # a text job posts no progress
+    _no_text_in_log(bridge, expected)
+
+
+def test_stop_sequences_reach_the_engine_exactly_as_sent(stack, engine, accounts, bridge) -> None:
+    prompt = "The stop test"
+    whole = _direct(engine, "/v1/completions", prompt=prompt, max_tokens=64)
+    # A stop string that the greedy reply holds after its start: the reply ends just before it.
+    stop = whole[20:24]
+    assert stop.strip(), whole
+    status = _horde_text(
+        stack, accounts["requester"], prompt, max_length=64, temperature=0, stop_sequence=[stop]
+    )
+    assert status["generations"][0]["text"] == whole[: whole.index(stop)]
+
+
+def test_a_seed_makes_sampled_replies_repeat_and_knobs_it_cannot_honour_are_logged_once(
+    stack, engine, accounts, bridge
+) -> None:
+    prompt = "The seed test"
+    params = {"max_length": 32, "temperature": 1.0, "top_k": 40, "tfs": 0.9}
+    first = _horde_text(stack, accounts["requester"], prompt, sampler_seed=1234, **params)
+    second = _horde_text(stack, accounts["requester"], prompt, sampler_seed=1234, **params)
+    other = _horde_text(stack, accounts["requester"], prompt, sampler_seed=99, **params)
+    texts = [status["generations"][0]["text"] for status in (first, second, other)]
+    assert texts[0] == texts[1] != texts[2]
+    assert bridge.output().count("cannot honour tfs") == 1
+
+
+def test_a_prompt_longer_than_the_requesters_context_loses_its_start_and_says_so(
+    stack, engine, accounts, bridge
+) -> None:
+    prompt = "Story. " + "word " * 200 + "The end is near"
+    status = _horde_text(
+        stack, accounts["requester"], prompt, max_length=32, max_context_length=160, temperature=0
+    )
+    # What was kept: the longest end of the prompt that leaves the reply its 32 tokens.
+    kept = max(
+        (prompt[-length:] for length in range(1, 160)),
+        key=lambda end: len(end) if _tokens(engine, end) <= 160 - 32 else 0,
+    )
+    expected = _direct(engine, "/v1/completions", prompt=kept, max_tokens=32)
+    assert status["generations"][0]["text"] == expected
+    bridge.wait_for(r"did not fit its 160 tokens of context: trimmed the prompt's start to \d+ tokens")
