@@ -77,10 +77,24 @@ def _short_name(model_id: str) -> str:
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 
+# Seconds a short request (a model listing, a token count) may take: a backend that answers
+# nothing in that time is down, and a health check must not hang on a half-dead connection.
+QUICK_SECONDS = 10.0
+
+
 class Backend:
     kind = ""
 
-    def __init__(self, url: str, *, api_key: str = "", transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str = "",
+        wanted: str = "",
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
+        # The model the volunteer asked for (`--model`), where a server offers several.
+        self.wanted = wanted
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No read timeout: a big model may take minutes to process a long prompt before its first
         # token; the job's own bounds (lease, deadline) end a stream that waits too long.
@@ -112,7 +126,7 @@ class Backend:
 
     async def _get(self, path: str) -> Any:
         try:
-            response = await self.http.get(path)
+            response = await self.http.get(path, timeout=QUICK_SECONDS)
         except httpx.TransportError as exc:
             raise BackendError(f"GET {path}: {type(exc).__name__}") from None
         if response.status_code != 200:
@@ -167,7 +181,9 @@ class Backend:
 
     async def _tokenize(self, path: str, text: str) -> int | None:
         try:
-            response = await self.http.post(path, json={"content": text, "prompt": text, "input": text})
+            response = await self.http.post(
+                path, json={"content": text, "prompt": text, "input": text}, timeout=QUICK_SECONDS
+            )
             body = response.json() if response.status_code == 200 else None
         except (httpx.TransportError, ValueError):
             return None
@@ -198,7 +214,7 @@ class OpenAIBackend(Backend):
         models = listing.get("data") if isinstance(listing, dict) else None
         if not models or not isinstance(models[0], dict) or not models[0].get("id"):
             raise BackendError("GET /v1/models: no model is served")
-        first = models[0]
+        first = self._pick([model for model in models if isinstance(model, dict) and model.get("id")])
         self.served = str(first["id"])
         owner = str(first.get("owned_by") or "")
         engine = owner if owner in self.ENGINES else "openai"
@@ -212,6 +228,15 @@ class OpenAIBackend(Backend):
             max_length=None,
             max_context_length=context if isinstance(context, int) and context > 0 else None,
         )
+
+    def _pick(self, models: list[dict[str, Any]]) -> dict[str, Any]:
+        """The listed model named like `--model` (Ollama, LM Studio and TabbyAPI list all they
+        have), else the first: a server that loads one model lists that one."""
+        name = self.wanted.split("/", 1)[-1]
+        for model in models:
+            if name and name in (model["id"], _short_name(str(model["id"]))):
+                return model
+        return models[0]
 
     def body(self, request: Request, *, model: str) -> dict[str, Any]:
         sampling = request.sampling
@@ -394,6 +419,13 @@ def _value(answer: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def backend_for(kind: str, url: str, *, api_key: str = "", transport: httpx.AsyncBaseTransport | None = None):
+def backend_for(
+    kind: str,
+    url: str,
+    *,
+    api_key: str = "",
+    wanted: str = "",
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Backend:
     cls = {"openai": OpenAIBackend, "kobold": KoboldBackend}[kind]
-    return cls(url, api_key=api_key, transport=transport)
+    return cls(url, api_key=api_key, wanted=wanted, transport=transport)

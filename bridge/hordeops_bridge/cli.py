@@ -7,8 +7,10 @@ job of `--once` ended otherwise, 2 on a configuration error or an answer no retr
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
-from hordeops_bridge.config import ConfigError, load
+from hordeops_bridge.backends import Backend
+from hordeops_bridge.config import Config, ConfigError, load
 from hordeops_bridge.horde import Fatal
 from hordeops_bridge.worker import Bridge
 
@@ -23,7 +25,9 @@ async def _run(bridge: Bridge) -> int:
         await bridge.aclose()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, backend: Callable[[Config], Backend] | None = None) -> int:
+    """Run the bridge; `backend` makes the backend from the settings instead of `--backend`
+    (a program built on the bridge plugs its own in this way)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every call's URL at INFO: one line per progress post.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -33,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     try:
-        return asyncio.run(_run(Bridge(config)))
+        return asyncio.run(_run(Bridge(config, backend=backend(config) if backend else None)))
     except Fatal as exc:
         log.error("%s", exc)
         return 2

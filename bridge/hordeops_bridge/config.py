@@ -89,6 +89,12 @@ OPTIONS = [
     ),
     Option("pop_interval", "HORDE_POP_INTERVAL", kind=float, help="seconds between empty pops (1)"),
     Option(
+        "maintenance_wait",
+        "HORDE_MAINTENANCE_WAIT",
+        kind=float,
+        help="seconds between pops while the worker is in maintenance (60)",
+    ),
+    Option(
         "grace_seconds", "HORDE_GRACE_SECONDS", kind=float, help="SIGTERM: seconds jobs may finish in (30)"
     ),
 ]

@@ -34,7 +34,7 @@ class Bridge:
             connections=2 * config.threads + 2,
         )
         self.backend = backend or backend_for(
-            config.backend, config.backend_url, api_key=config.backend_api_key
+            config.backend, config.backend_url, api_key=config.backend_api_key, wanted=config.model
         )
         self.stopping = asyncio.Event()
         self.running: dict[str, asyncio.Task] = {}
@@ -96,8 +96,11 @@ class Bridge:
         return None
 
     async def _wait_for_backend(self) -> None:
+        log.warning("not popping until the backend answers again (checked every %ss)", BACKEND_CHECK_SECONDS)
         while not self.stopping.is_set() and not await self.backend.healthy():
             await self._wait_or_stop(BACKEND_CHECK_SECONDS)
+        if not self.stopping.is_set():
+            log.info("the backend answers again; popping")
         self.backend_down.clear()
 
     # --- the loop ---------------------------------------------------------------------------

@@ -111,8 +111,9 @@ class Engine:
     context: int = 2048
     threads: int = 1
 
-    def start(self) -> "Engine":
-        self.port = free_port()
+    def start(self, port: int | None = None) -> "Engine":
+        """Serve on `port` (a free one unless given: a restart keeps its address)."""
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
         self.process = subprocess.Popen(
