@@ -273,6 +273,7 @@ class OpenAIBackend(Backend):
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
         body = self.body(request, model=self.served or "default")
         tokens = 0
+        finished = False
         try:
             async with self.http.stream("POST", path, json=body) as response:
                 if response.status_code != 200:
@@ -283,7 +284,7 @@ class OpenAIBackend(Backend):
                         continue
                     data = line[len("data:") :].strip()
                     if data == "[DONE]":
-                        return
+                        break
                     try:
                         chunk = json.loads(data)
                     except ValueError:
@@ -308,10 +309,15 @@ class OpenAIBackend(Backend):
                         tokens += 1
                     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                         tokens = usage["completion_tokens"]
+                    finished = finished or bool(choice.get("finish_reason"))
                     if text or choice.get("finish_reason"):
                         yield Delta(text or "", tokens, choice.get("finish_reason"))
         except httpx.TransportError as exc:
             raise BackendError(f"POST {path}: {type(exc).__name__}") from None
+        if not finished:
+            # Every OpenAI-compatible server ends a reply with a reason; a stream without one
+            # was cut short (a server that drops a request for a newer one, for example).
+            raise BackendError(f"POST {path}: the stream ended before the reply was finished")
 
 
 class KoboldBackend(Backend):

@@ -116,10 +116,12 @@ class Engine:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(mode="w+", suffix=".log", delete=False)
+        # Requests wait their turn, as in llama-server's slots; by default this server would
+        # end the running one when another comes.
         self.process = subprocess.Popen(
             [str(ENGINE_PYTHON), "-m", "llama_cpp.server", "--model", str(self.model), "--host", "127.0.0.1",
              "--port", str(self.port), "--n_ctx", str(self.context), "--n_threads", str(self.threads),
-             "--n_threads_batch", str(self.threads)],
+             "--n_threads_batch", str(self.threads), "--interrupt_requests", "False"],
             stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
