@@ -7,10 +7,12 @@ as it now reads:
   page by page, each page in one bash shell as a reader would paste them: exports and
   background jobs carry over from block to block, `python` blocks run in that shell with the
   project's virtualenv. What a reader does by hand, the test does the same way: it puts the
-  server's port for `localhost:8000` (and the example worker's default `--url`), keeps the
+  server's port for `localhost:8000` (and a worker's default `--horde_url`), keeps the
   key `manage.py create_account NAME` prints last as NAMES_KEY (ALICES_KEY, BOBS_KEY), and
   leaves a worker that a block starts last, in the foreground, running there and goes on as
-  in another shell (one with commands after it fails: they would never run). A block fails
+  in another shell (one with commands after it fails: they would never run). A page that
+  points the bridge at a model server gets a real one there (llama.cpp's Python server on a
+  tiny model), and its `~` is a new directory. A block fails
   on a non-zero status, a Python traceback, an error body (`"error"`, `"rc"`) or, for a
   stream, no `[DONE]`; a page's session fails if a worker it started did not check in.
 - The README's `bin/stack` runs as written, on a port of its own and a new database (which it
@@ -22,8 +24,8 @@ as it now reads:
 - A `python` block with `...` lines is an excerpt: its other lines must be the named source
   file's, in order.
 - `json` blocks parse; `text` blocks are event streams whose `data:` lines parse and whose
-  `event:` names match their data's `type`. `diagram` and `plan` blocks are figures (the
-  architecture's, EXPLAIN output), not samples.
+  `event:` names match their data's `type`. `diagram`, `plan` and `log` blocks are figures (the
+  architecture's, EXPLAIN output, a program's log), not samples.
 """
 
 import json
@@ -40,6 +42,7 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
+from tests.bridge.engine import Engine, write_model
 from tests.live import ROOT, LiveStack, database_url, free_port
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -53,6 +56,12 @@ HOP_SECRET = "a hop secret for the doc samples"
 NOT_RUN = {
     r"bin/test\b": "this test runs under it",
     r"SCREENSHOT_DIR=\S+ bin/test\b": "it runs the browser tests, which make the screenshots",
+    # A volunteer's model server: in its place the test serves a tiny model on llama.cpp's
+    # Python server, at the address the page gives the bridge (BACKEND_ADDRESS).
+    r"llama-server\b": "a model server: the test runs llama.cpp's Python server in its place",
+    r"koboldcpp\b": "a model server no registry here ships",
+    r"vllm serve\b": "a model server that needs a GPU",
+    r"ollama\b": "a model server not installed here",
 }
 # The whole stack, as the README's first command starts it: on a port of its own, on the test
 # database and Redis; a reader waits for its heartbeat, as the test does.
@@ -61,10 +70,14 @@ BENCH = re.compile(r"^\.venv/bin/python (?P<script>bench/\w+\.py)(?P<args>[^#]*)
 CREATE_ACCOUNT = re.compile(
     r"^(?P<command>\S*python manage\.py create_account (?P<name>\w+)[^#]*?)\s*(?:#.*)?$"
 )
-WORKER = re.compile(r"examples/chat_worker\.py\b")
+# A worker: the example, or the bridge, started with a worker name.
+WORKER = re.compile(r"(examples/chat_worker\.py|bin/hordeops-bridge)\b.* (--worker_name|-n) \S+")
+WORKER_NAME = re.compile(r" (?:--worker_name|-n) (\S+)")
+# Where the pages' model server listens (llama-server's default): the test's engine answers there.
+BACKEND_ADDRESS = "127.0.0.1:8080"
 PLACEHOLDER_KEY = re.compile(r"\b[A-Z]+S_KEY\b")
 # An excerpt's source, by page (the sentence before the excerpt names it).
-EXCERPT_SOURCES = {"docs/how-to/serve_chat_jobs.md": ROOT / "examples" / "chat_worker.py"}
+EXCERPT_SOURCES = {"docs/reference/worker_protocol.md": ROOT / "bridge" / "hordeops_bridge" / "serve.py"}
 # A page that builds on another's set-up says so; its session starts with that block.
 PROLOGUES = {"docs/reference/generation_deadline.md": "docs/reference/chat_requests.md"}
 # An error body, as JSON or as a Python sample prints a dict.
@@ -132,7 +145,7 @@ def _runs(sample: Sample) -> bool:
 def test_every_block_is_run_or_checked() -> None:
     # A block in a language this test does not know would go untested: say how to check it.
     unknown = [f"{sample} ({sample.lang or 'no language'})" for sample in samples()
-               if sample.lang not in {"sh", "python", "json", "text", "diagram", "plan"}]  # fmt: skip
+               if sample.lang not in {"sh", "python", "json", "text", "diagram", "plan", "log"}]  # fmt: skip
     # Each command left out is still in the docs (no exemption outlives its command).
     commands = [command for sample in samples() if sample.lang == "sh" for command in _commands(sample)]
     stale = [pattern for pattern in NOT_RUN if not any(re.match(pattern, command) for command in commands)]
@@ -219,7 +232,7 @@ def _shell_line(command: str, port: int, workers: list[str], *, last: bool) -> s
             f"answers 127.0.0.1:{port}/api/v2/status/heartbeat {STARTUP_TIMEOUT_SECONDS}"
         )
     if WORKER.search(command) and "--once" not in command:
-        workers.append(re.search(r"--name (\S+)", command)[1])
+        workers.append(WORKER_NAME.search(command)[1])
         in_foreground = not _code(command).endswith("&")
         if in_foreground and not last:
             # The reader's shell would wait on it, and never run the commands after it.
@@ -227,8 +240,8 @@ def _shell_line(command: str, port: int, workers: list[str], *, last: bool) -> s
         # A worker runs until stopped: one started last in the foreground, a reader leaves
         # running in that shell, and goes on in another.
         background = _code(command).removesuffix("&").rstrip()
-        if "--url" not in background:  # its default is http://127.0.0.1:8000
-            background += f" --url http://127.0.0.1:{port}"
+        if not re.search(r" (-u|--horde_url)\b", background):  # its default is http://127.0.0.1:8000
+            background += f" --horde_url http://127.0.0.1:{port}"
         return f"{background} 1>&2 &\nBACKGROUND+=($!)"
     return command
 
@@ -304,7 +317,7 @@ def _run_session(script: str, env: dict[str, str]) -> subprocess.CompletedProces
 @pytest.mark.live_env(INTERNAL_HOP_SECRET=HOP_SECRET)
 @pytest.mark.parametrize("page", sorted(_sessions()))
 def test_a_pages_samples_run_as_written_on_a_live_server(
-    live_stack: LiveStack, page: str, request: pytest.FixtureRequest
+    live_stack: LiveStack, page: str, request: pytest.FixtureRequest, tmp_path
 ) -> None:
     session = _sessions()[page]
     starts_a_stack = any(STACK.match(command) for sample in session for command in _commands(sample))
@@ -324,7 +337,13 @@ def test_a_pages_samples_run_as_written_on_a_live_server(
         "INTERNAL_HOP_SECRET": HOP_SECRET,
         "PYTHONUNBUFFERED": "1",
     }
-    done = _run_session(_script(session, port), env)
+    script = _script(session, port)
+    if BACKEND_ADDRESS in script:
+        engine = Engine(write_model(tmp_path / "your-model.gguf")).start()
+        request.addfinalizer(engine.stop)
+        script = script.replace(BACKEND_ADDRESS, engine.url.removeprefix("http://"))
+    env["HOME"] = str(tmp_path)  # what a page installs under ~ goes with the test
+    done = _run_session(script, env)
     outputs = re.split(r"\n@@sample \d+@@\n", "\n" + done.stdout)[1:]
     assert done.returncode == 0, (
         f"exit {done.returncode} after sample {len(outputs)}:\n{done.stdout}\n{done.stderr}"

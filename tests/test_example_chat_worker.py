@@ -1,4 +1,6 @@
-"""The example worker, examples/chat_worker.py, serves chat jobs against a live server.
+"""The example worker, examples/chat_worker.py (the worker bridge with a canned reply for its
+backend), serves chat jobs against a live server: the bridge's own horde side (progress posts,
+lease answers, deadlines, resends), fast and without a model server.
 
 It runs as a subprocess (as its users run it) or in-process with a transport that loses
 answers, against pytest-django's live server: a WSGI server, which serves the worker routes
@@ -6,8 +8,10 @@ as the ASGI app does. No requester follows these requests, so nothing commits a 
 relay stream in Redis shows what a requester would have been sent.
 """
 
+import asyncio
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +22,9 @@ import httpx
 import pytest
 from django_redis import get_redis_connection
 
+from hordeops_bridge.config import load
+from hordeops_bridge.horde import Horde
+from hordeops_bridge.worker import Bridge
 from jobs import services
 from jobs.leases import relay_key
 from jobs.models import Generation, TextRequest
@@ -41,9 +48,19 @@ def chat_worker() -> ModuleType:
 
 
 def _worker_args(url: str, api_key: str, *extra: str) -> list[str]:
-    # `--apikey=KEY`: a key may start with "-" (older keys could), which argparse would take
+    # `--api_key=KEY`: a key may start with "-" (older keys could), which argparse would take
     # for an option if it came as a separate argument.
-    return ["--url", url, f"--apikey={api_key}", "--name", WORKER, "--model", MODEL, "--once", *extra]
+    return [
+        "--horde_url",
+        url,
+        f"--api_key={api_key}",
+        "--worker_name",
+        WORKER,
+        "--model",
+        MODEL,
+        "--once",
+        *extra,
+    ]
 
 
 def _queue_chat(url: str, worker_key: str) -> TextRequest:
@@ -81,7 +98,7 @@ def test_example_worker_streams_a_chat_job_and_submits_it(live_server, chat_work
     text_request = _queue_chat(live_server.url, worker_key)
 
     run = subprocess.run(
-        [str(PYTHON), str(EXAMPLE), *_worker_args(live_server.url, worker_key, "--word-delay", "0.01")],
+        [str(PYTHON), str(EXAMPLE), *_worker_args(live_server.url, worker_key, "--word_delay", "0.01")],
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_SECONDS,
@@ -115,7 +132,7 @@ def test_example_worker_stops_when_the_requester_cancels(live_server) -> None:
     text_request = _queue_chat(live_server.url, worker_key)
 
     worker = subprocess.Popen(
-        [str(PYTHON), str(EXAMPLE), *_worker_args(live_server.url, worker_key, "--word-delay", "0.2")],
+        [str(PYTHON), str(EXAMPLE), *_worker_args(live_server.url, worker_key, "--word_delay", "0.2")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -150,61 +167,70 @@ def test_example_worker_stops_at_the_pops_deadline_before_the_horde_refuses_it(l
 
     _, worker_key = create_account(name="example-owner")
     text_request = _queue_chat(live_server.url, worker_key)
-    # A deadline 1.5 s out: the canned reply at 0.2 s a word takes about 10 s.
+    # A deadline 4 s out (the bridge starts in about 1.5 s): the canned reply at 0.2 s a word
+    # takes about 8 s.
     TextRequest.objects.filter(pk=text_request.pk).update(
-        deadline_at=clock.now() + timedelta(milliseconds=1500),
-        expires_at=clock.now() + timedelta(milliseconds=1500),
+        deadline_at=clock.now() + timedelta(milliseconds=4000),
+        expires_at=clock.now() + timedelta(milliseconds=4000),
     )
     started = time.monotonic()
     run = subprocess.run(
-        [str(PYTHON), str(EXAMPLE), *_worker_args(live_server.url, worker_key, "--word-delay", "0.2")],
+        [str(PYTHON), str(EXAMPLE), *_worker_args(live_server.url, worker_key, "--word_delay", "0.2")],
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_SECONDS,
     )
     seconds = time.monotonic() - started
     assert run.returncode == 1, run.stderr
-    assert "stopped at its deadline" in run.stderr
+    assert re.search(r"\): deadline, \d+ tokens .*; deadline \d+ ms", run.stderr), run.stderr
     assert "GenerationCancelled" not in run.stderr  # it stopped first; nothing was refused
-    assert seconds < 1.5 + 2  # the pop, then one word's delay past the deadline at most
+    assert seconds < 4 + 2  # the start, the pop, then one word's delay past the deadline at most
     generation = Generation.objects.get(request=text_request)
     assert generation.text is None and generation.state == Generation.State.PROCESSING
 
 
-class LoseFirstAnswers(httpx.BaseTransport):
+class LoseFirstAnswers(httpx.AsyncBaseTransport):
     """Deliver every progress post, but lose the answer to its first attempt."""
 
     def __init__(self) -> None:
-        self.inner = httpx.HTTPTransport()
+        self.inner = httpx.AsyncHTTPTransport()
         self.seqs: list[int] = []
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = self.inner.handle_request(request)
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
         if request.url.path.endswith("/progress"):
             seq = json.loads(request.content)["seq"]
             self.seqs.append(seq)
             if self.seqs.count(seq) == 1:
-                response.read()
-                response.close()
+                await response.aread()
+                await response.aclose()
                 raise httpx.ReadError("the answer was lost", request=request)
         return response
 
-    def close(self) -> None:
-        self.inner.close()
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_post_whose_answer_is_lost_is_resent_under_its_seq_and_relayed_once(
-    live_server, chat_worker, monkeypatch
+    live_server, chat_worker
 ) -> None:
     _, worker_key = create_account(name="example-owner")
     text_request = _queue_chat(live_server.url, worker_key)
-    monkeypatch.setattr(chat_worker, "RETRY_DELAYS", (0.01,) * 3)
     transport = LoseFirstAnswers()
-
-    exit_code = chat_worker.main(
-        _worker_args(live_server.url, worker_key, "--word-delay", "0"), transport=transport
+    config = load(_worker_args(live_server.url, worker_key), environ={})
+    horde = Horde(
+        config.horde_url, config.api_key, agent="test", retry_delays=(0.01,) * 3, transport=transport
     )
+    bridge = Bridge(config, horde=horde, backend=chat_worker.CannedBackend(MODEL, word_delay=0))
+
+    async def run() -> int:
+        try:
+            return await bridge.run()
+        finally:
+            await bridge.aclose()
+
+    exit_code = asyncio.run(run())
 
     assert exit_code == 0
     posts = max(transport.seqs)
@@ -218,7 +244,7 @@ def test_a_post_whose_answer_is_lost_is_resent_under_its_seq_and_relayed_once(
     assert "".join(event["text"] for event in deltas) == chat_worker.CANNED_REPLY
 
 
-def test_the_example_uses_only_the_standard_library_and_httpx() -> None:
+def test_the_example_is_the_bridge_with_a_backend_of_its_own() -> None:
     stdlib = set(sys.stdlib_module_names)
     source = EXAMPLE.read_text()
     imported = {
@@ -226,4 +252,5 @@ def test_the_example_uses_only_the_standard_library_and_httpx() -> None:
         for line in source.splitlines()
         if line.startswith(("import ", "from ")) and not line.startswith("from __future__")
     }
-    assert imported - stdlib == {"httpx"}
+    assert imported - stdlib == {"hordeops_bridge"}
+    assert len(source.splitlines()) < 80
