@@ -20,6 +20,10 @@ from hordeops_bridge.job import Request, estimate_tokens
 log = logging.getLogger("hordeops_bridge.backend")
 
 
+class _NoAnswer(Exception):
+    """The backend did not answer a token count: no connection, or not in time."""
+
+
 class BackendError(Exception):
     """The backend failed a job or cannot be reached: the job goes back to the horde."""
 
@@ -77,9 +81,12 @@ def _short_name(model_id: str) -> str:
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 
-# Seconds a short request (a model listing, a token count) may take: a backend that answers
+# Seconds a short request (a model listing) may take: a backend that answers
 # nothing in that time is down, and a health check must not hang on a half-dead connection.
 QUICK_SECONDS = 10.0
+# A token count may wait behind generation on a server that does one thing at a time
+# (llama-cpp-python's): longer than that, and the job goes on with the estimate.
+COUNT_SECONDS = 30.0
 
 
 class Backend:
@@ -159,16 +166,22 @@ class Backend:
             )
 
     async def count_tokens(self, text: str) -> int:
-        """The backend's own token count of `text`, or the horde's estimate without a tokenizer route."""
-        if self._tokenizer is None:
-            self._tokenizer = await self._find_tokenizer()
-        if self._tokenizer:
-            counted = await self._tokenize(self._tokenizer, text)
-            if counted is not None:
-                return counted
+        """The backend's own token count of `text`, or the horde's estimate when it has no
+        tokenizer route or does not answer in time (a busy server may queue the count)."""
+        try:
+            if self._tokenizer is None:
+                self._tokenizer = await self._find_tokenizer()
+            if self._tokenizer:
+                counted = await self._tokenize(self._tokenizer, text)
+                if counted is not None:
+                    return counted
+        except _NoAnswer:
+            pass
         return estimate_tokens(text)
 
     async def _find_tokenizer(self) -> str:
+        """The first tokenizer route that counts; "" when none does (a server that does not
+        answer raises _NoAnswer, and is asked again next time)."""
         for path in self.TOKENIZERS:
             if await self._tokenize(path, "hello") is not None:
                 return path
@@ -180,12 +193,16 @@ class Backend:
     TOKENIZERS: tuple[str, ...] = ()
 
     async def _tokenize(self, path: str, text: str) -> int | None:
+        """The count `path` gives for `text`, None if it gives none (no such route)."""
         try:
             response = await self.http.post(
-                path, json={"content": text, "prompt": text, "input": text}, timeout=QUICK_SECONDS
+                path, json={"content": text, "prompt": text, "input": text}, timeout=COUNT_SECONDS
             )
+        except httpx.TransportError:
+            raise _NoAnswer() from None
+        try:
             body = response.json() if response.status_code == 200 else None
-        except (httpx.TransportError, ValueError):
+        except ValueError:
             return None
         if not isinstance(body, dict):
             return None

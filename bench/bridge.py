@@ -1,0 +1,352 @@
+"""What the horde costs a volunteer's stream: the same chats sent to the engine directly and
+through the horde (requester, relay, bridge, engine).
+
+Run:  .venv/bin/python bench/bridge.py [--streams 1,4,16] [--tokens 400] [--pop-interval 1]
+
+(needs the engine: bin/engine-venv; about four minutes. The JSON goes to stdout, notes to stderr.)
+
+It starts the stack as `bin/stack` does (database hordeops_bench_bridge, created and migrated if
+missing; Redis database 7), llama.cpp's Python server with one thread on the tests' tiny model
+(tests/bridge/engine.py, 512 wide and 6 blocks), a timing proxy in front of that server, and the
+bridge (`.venv/bin/hordeops-bridge`, `--threads` the largest N) pointed at the proxy. The proxy
+passes the engine's stream through as it comes and notes when each token passed it.
+
+For each N in --streams, N streamed `/v1/chat/completions` at once (each its own prompt, greedy,
+--tokens long), first to the engine, then to the horde:
+
+- `tokens_per_second`: all streams' tokens over the time from the first token to the last, each
+  way, and `ratio` (horde over direct). `wall_tokens_per_second` counts from the requests' send,
+  so it includes the wait for a pop.
+- `ttft_ms`: time to first token, p50 each way, and what the horde adds.
+- `delta_latency_ms`: for each piece the requester gets through the horde, the time from its last
+  token passing the proxy to the piece reaching the requester (the post, the relay and the SSE
+  write), p50 and p99; `from_first_token` the same from its first token, so it includes the
+  bridge's coalescing (up to 16 tokens or 0.25 s).
+
+Then `disconnect`: a requester reads part of a long stream through the horde and closes it; how
+long the engine went on generating after that: its last token through the proxy, and when its
+CPU use fell under a fifth of a core (read every 10 ms), each counted from the close.
+"""
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.common import (  # noqa: E402
+    bench_env,
+    free_port,
+    percentile,
+    prepare_database,
+    python_loop_seconds,
+    start_stack,
+)
+from tests.bridge.engine import ENGINE_PYTHON, Engine, write_model  # noqa: E402
+
+DB_NAME = "hordeops_bench_bridge"
+REDIS_DB = 7
+MODEL_FILE = "hordeops-bench"
+MODEL = f"openai/{MODEL_FILE}"
+JSON = {"Content-Type": "application/json"}
+
+
+def note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class TimingProxy:
+    """Passes requests to the engine; for each streamed chat, keyed by its last message, the
+    (time.time(), characters so far) of each token that passed."""
+
+    def __init__(self, engine_url: str) -> None:
+        self.engine_url = engine_url
+        self.passed: dict[str, list[tuple[float, int]]] = {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, response: httpx.Response) -> None:
+                self.send_response(response.status_code)
+                self.send_header("Content-Type", response.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(response.content)))
+                self.end_headers()
+                self.wfile.write(response.content)
+
+            def do_GET(self) -> None:
+                self._reply(httpx.get(proxy.engine_url + self.path, timeout=30))
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = json.loads(body or b"{}")
+                if not request.get("stream"):
+                    self._reply(
+                        httpx.post(proxy.engine_url + self.path, content=body, headers=JSON, timeout=60)
+                    )
+                    return
+                key = str((request.get("messages") or [{}])[-1].get("content") or request.get("prompt"))
+                passed = proxy.passed.setdefault(key, [])
+                characters = 0
+                url = proxy.engine_url + self.path
+                with httpx.stream("POST", url, content=body, headers=JSON, timeout=None) as answer:
+                    self.send_response(answer.status_code)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+                    try:
+                        for line in answer.iter_lines():
+                            self.wfile.write(line.encode() + b"\n")
+                            self.wfile.flush()
+                            if line.startswith("data: {"):
+                                choices = json.loads(line[6:]).get("choices") or [{}]
+                                text = (choices[0].get("delta") or {}).get("content") or choices[0].get(
+                                    "text"
+                                )
+                                if text:
+                                    characters += len(text)
+                                    passed.append((time.time(), characters))
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the bridge left: closing `answer` tells the engine
+
+        return Handler
+
+
+async def stream_chat(
+    client: httpx.AsyncClient, url: str, content: str, tokens: int, headers: dict[str, str]
+) -> dict[str, Any]:
+    """One streamed chat: when it was sent, and (time.time(), characters so far) per piece."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": tokens,
+            "temperature": 0, "stream": True}  # fmt: skip
+    pieces: list[tuple[float, int]] = []
+    finish = None
+    characters = 0
+    sent = time.time()
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if not chunk.get("choices"):
+                continue
+            choice = chunk["choices"][0]
+            text = (choice.get("delta") or {}).get("content")
+            if text:
+                characters += len(text)
+                pieces.append((time.time(), characters))
+            finish = choice.get("finish_reason") or finish
+    return {"sent": sent, "pieces": pieces, "finish": finish, "status": response.status_code}
+
+
+async def run_streams(url: str, n: int, tokens: int, headers: dict[str, str], tag: str) -> list[dict]:
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=n + 4)) as client:
+        return await asyncio.gather(
+            *(stream_chat(client, url, f"Story {tag} {index}.", tokens, headers) for index in range(n))
+        )
+
+
+def streams_apart(url: str, n: int, tokens: int, headers: dict[str, str], tag: str) -> list[dict]:
+    """run_streams in a process of its own: in this one, the proxy's threads would hold the
+    requesters' event loop back and their wait would count as the horde's latency."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_run_streams, (url, n, tokens, headers, tag))
+
+
+def _run_streams(url: str, n: int, tokens: int, headers: dict[str, str], tag: str) -> list[dict]:
+    return asyncio.run(run_streams(url, n, tokens, headers, tag))
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
+
+
+def rates(streams: list[dict], tokens: int) -> tuple[float, float]:
+    total = tokens * len(streams)
+    first = min(s["pieces"][0][0] for s in streams)
+    last = max(s["pieces"][-1][0] for s in streams)
+    sent = min(s["sent"] for s in streams)
+    return total / (last - first), total / (last - sent)
+
+
+def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
+    direct = asyncio.run(run_streams(f"{engine.url}/v1/chat/completions", n, tokens, {}, f"d{n}"))
+    horde = asyncio.run(
+        run_streams(
+            f"{stack_url}/v1/chat/completions", n, tokens, {"Authorization": f"Bearer {key}"}, f"h{n}"
+        )
+    )
+    for way, streams in (("direct", direct), ("horde", horde)):
+        bad = [s for s in streams if s["status"] != 200 or s["finish"] != "length"]
+        ended = [(s["status"], s["finish"], len(s["pieces"])) for s in bad]
+        assert not bad, f"{way}: streams that did not run to their length: {ended}"
+    direct_rate, direct_wall = rates(direct, tokens)
+    horde_rate, horde_wall = rates(horde, tokens)
+    ttft_direct = percentile([s["pieces"][0][0] - s["sent"] for s in direct], 0.5)
+    ttft_horde = percentile([s["pieces"][0][0] - s["sent"] for s in horde], 0.5)
+    last_token, first_token = [], []
+    for index, stream in enumerate(horde):
+        passed = proxy.passed[f"Story h{n} {index}."]
+        before = 0
+        for arrived, characters in stream["pieces"]:
+            # The tokens that make up this piece: the first and the last that passed the proxy.
+            first = next(t for t, c in passed if c > before)
+            last = next(t for t, c in passed if c >= characters)
+            first_token.append(arrived - first)
+            last_token.append(arrived - last)
+            before = characters
+    return {
+        "streams": n,
+        "tokens_per_second": {"direct": round(direct_rate, 1), "horde": round(horde_rate, 1),
+                              "ratio": round(horde_rate / direct_rate, 3)},
+        "wall_tokens_per_second": {"direct": round(direct_wall, 1), "horde": round(horde_wall, 1),
+                                   "ratio": round(horde_wall / direct_wall, 3)},
+        "ttft_ms": {"direct_p50": ms(ttft_direct), "horde_p50": ms(ttft_horde),
+                    "added_p50": ms(ttft_horde - ttft_direct)},
+        "delta_latency_ms": {"p50": ms(percentile(last_token, 0.5)), "p99": ms(percentile(last_token, 0.99)),
+                             "from_first_token_p50": ms(percentile(first_token, 0.5)),
+                             "from_first_token_p99": ms(percentile(first_token, 0.99)),
+                             "pieces": len(last_token)},
+    }  # fmt: skip
+
+
+def disconnect(engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
+    content = "Story disconnect."
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 1800,
+            "temperature": 0, "stream": True}  # fmt: skip
+    with httpx.stream(
+        "POST", f"{stack_url}/v1/chat/completions", json=body,
+        headers={"Authorization": f"Bearer {key}"}, timeout=120,
+    ) as response:  # fmt: skip
+        pieces = 0
+        for line in response.iter_lines():
+            pieces += line.startswith("data: {")
+            if pieces >= 30:
+                break
+        closed = time.time()
+    # The engine's CPU time every 10 ms for 3 s: generating, it takes a whole core.
+    samples = [(closed, engine.cpu_seconds())]
+    while samples[-1][0] - closed < 3:
+        time.sleep(0.01)
+        samples.append((time.time(), engine.cpu_seconds()))
+    busy_until = closed
+    for index, (at, cpu) in enumerate(samples):
+        later = next(((t, c) for t, c in samples[index:] if t - at >= 0.2), None)
+        if later is None or (later[1] - cpu) / (later[0] - at) < 0.2:
+            busy_until = at
+            break
+    last_token = proxy.passed[content][-1][0]
+    return {
+        "pieces_read": pieces,
+        "engine_last_token_after_close_ms": ms(max(0.0, last_token - closed)),
+        # From the close to the first 200 ms in which the engine used under a fifth of a core.
+        "engine_busy_after_close_ms": ms(busy_until - closed),
+        "engine_cpu_seconds_in_3s_after_close": round(samples[-1][1] - samples[0][1], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", default="1,4,16", help="concurrent streams, comma separated")
+    parser.add_argument("--tokens", type=int, default=400, help="tokens per reply")
+    parser.add_argument("--pop-interval", type=float, default=1.0, help="the bridge's --pop_interval")
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.streams.split(",")]
+    if not ENGINE_PYTHON.exists():
+        sys.exit("the engine is not installed: run bin/engine-venv")
+
+    env = bench_env(DB_NAME, REDIS_DB, KEY_RATE_PER_SECOND="0", ADDRESS_RATE_PER_SECOND="0")
+    prepare_database(DB_NAME, env)
+    subprocess.run(["redis-cli", "-n", str(REDIS_DB), "flushdb"], check=True, capture_output=True)
+    rundir = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
+    port = free_port()
+    processes = start_stack(port, rundir, env, web_workers=2)
+    stack_url = f"http://127.0.0.1:{port}"
+    engine = Engine(write_model(rundir / f"{MODEL_FILE}.gguf", embedding=512, blocks=6, feed_forward=1536))
+    engine.start()
+    proxy = TimingProxy(engine.url)
+    bridge = None
+    try:
+
+        def account(name: str) -> str:
+            done = subprocess.run(
+                [sys.executable, "manage.py", "create_account", f"{name}-{port}"],
+                cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            return done.stdout.split()[-1]
+
+        owner, requester = account("bench-owner"), account("bench-requester")
+        log = open(rundir / "bridge.log", "w")  # noqa: SIM115
+        bridge = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "hordeops-bridge"), "-u", stack_url, f"--api_key={owner}",
+             "-n", f"bench-bridge-{port}", "--backend_url", proxy.url, "--threads", str(max(sizes)),
+             "--max_length", "2048", "--pop_interval", str(args.pop_interval)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{stack_url}/api/v2/workers/name/bench-bridge-{port}").status_code != 200:
+            assert time.monotonic() < deadline and bridge.poll() is None, (rundir / "bridge.log").read_text()
+            time.sleep(0.2)
+        # One short stream each way first: the engine's and the stack's first calls are slow.
+        asyncio.run(run_streams(f"{engine.url}/v1/chat/completions", 1, 16, {}, "warm"))
+        asyncio.run(
+            run_streams(
+                f"{stack_url}/v1/chat/completions", 1, 16, {"Authorization": f"Bearer {requester}"}, "w"
+            )
+        )
+        results = []
+        for n in sizes:
+            note(f"{n} streams")
+            results.append(measure(n, args.tokens, engine, stack_url, requester, proxy))
+        note("disconnect")
+        report = {
+            "bench": "bridge",
+            "python_loop_seconds": python_loop_seconds(),
+            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+            "tokens": args.tokens,
+            "pop_interval": args.pop_interval,
+            "runs": results,
+            "disconnect": disconnect(engine, stack_url, requester, proxy),
+        }
+        print(json.dumps(report, indent=2))
+    except BaseException:
+        note(f"--- the bridge's log ---\n{(rundir / 'bridge.log').read_text()[-3000:]}")
+        raise
+    finally:
+        if bridge is not None:
+            bridge.terminate()
+            bridge.wait(timeout=40)
+        proxy.stop()
+        engine.stop()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
