@@ -298,10 +298,14 @@ class JobServer:
                     await poster  # the last post, with the final count, before the submit
         finally:
             for task in (reader, poster):
-                if task is not None and not task.done():
+                if task is None:
+                    continue
+                if not task.done():
                     task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+                # Also reads the error of a task that ended as the other did (a post answered
+                # GenerationCancelled just as the deadline passed): nobody else will.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     def _ended(self, job: Job, exc: BaseException) -> Served:
         if isinstance(exc, JobLost):

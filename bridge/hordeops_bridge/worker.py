@@ -164,12 +164,14 @@ class Bridge:
             if self.backend_down.is_set():
                 await self._wait_for_backend()
                 continue
+            # The deadline counts from before the pop: the horde counts it from its answer, so
+            # the bridge stops first, never after the horde has refused the job.
+            popped_at = time.monotonic()
             try:
                 answer = await self.horde.pop(self.pop_body())
             except HordeUnreachable as exc:
                 log.warning("pop not delivered (%s); trying again", exc)
                 continue
-            popped_at = time.monotonic()
             self._note_messages(answer.body.get("messages"))
             if answer.rc == "WorkerMaintenance":
                 log.warning(
