@@ -22,6 +22,7 @@ MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
 # Served under names of their own (`--model`), by the tests whose bridge must get the job.
 FRAGILE = "openai/hordeops-fragile"
 RESTING = "openai/hordeops-resting"
+IMPATIENT = "openai/hordeops-impatient"
 
 
 def _chat(stack, key: str, max_tokens: int, model: str = MODEL, **headers: str):
@@ -157,6 +158,27 @@ def test_sigterm_past_the_grace_period_gives_the_job_back(stack, engine, account
     assert _generation(stack, _last_generation(stack))[0] == "faulted"
     _engine_stopped(engine, disconnects)
     assert "given back" in worker.output()
+
+
+def test_a_second_interrupt_gives_the_job_back_at_once(stack, engine, accounts, run_bridge) -> None:
+    worker = start_bridge(
+        stack, engine, accounts["owner"], run_bridge, "impatient-bridge", "--model", IMPATIENT
+    )  # fmt: skip
+    disconnects = engine.disconnects()
+    with _chat(stack, accounts["requester"], LONG_REPLY_TOKENS, IMPATIENT) as response:
+        lines = response.iter_lines()
+        _first_content(lines)
+        worker.process.send_signal(signal.SIGINT)
+        worker.wait_for(r"no more pops; 1 running jobs may finish")
+        worker.process.send_signal(signal.SIGINT)
+        stopped = time.monotonic()
+        rest = "\n".join(lines)
+    # The default grace period is 30 s: the job came back at the second Ctrl-C, not at its end.
+    assert time.monotonic() - stopped < 3 and '"error"' in rest
+    assert worker.process.wait(timeout=30) == 0
+    assert _generation(stack, _last_generation(stack))[0] == "faulted"
+    _engine_stopped(engine, disconnects)
+    assert "second interrupt: giving back 1 running jobs now" in worker.output()
 
 
 def test_a_backend_that_dies_gives_its_job_back_and_is_waited_for(stack, model_file, accounts, run_bridge):
