@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import platform
 import shutil
 import subprocess
@@ -325,7 +326,7 @@ def main() -> None:
         report = {
             "bench": "bridge",
             "python_loop_seconds": python_loop_seconds(),
-            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "tokens": args.tokens,
             "pop_interval": args.pop_interval,
             "runs": results,

@@ -246,3 +246,24 @@ def start_bridge(stack: Stack, engine: Engine, key: str, run_bridge, name: str, 
     # Its first pop checks the worker in; from then on its model is known to requesters.
     until(lambda: httpx.get(f"{stack.url}/api/v2/workers/name/{name}").status_code == 200)
     return started
+
+
+def first_content(lines) -> dict:
+    """Read the stream up to its first chunk with text; that chunk."""
+    for line in lines:
+        if line.startswith("data: {"):
+            chunk = json.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                return chunk
+    raise AssertionError("the stream ended before any text")
+
+
+def engine_stopped(engine: Engine, disconnects_before: int) -> float:
+    """Wait until the engine says its client left, then check that it computes nothing more;
+    the seconds its CPU time still grew over the half second after."""
+    until(lambda: engine.disconnects() > disconnects_before, timeout=5, message="the engine kept its client")
+    before = engine.cpu_seconds()
+    time.sleep(0.5)
+    grew = engine.cpu_seconds() - before
+    assert grew < 0.1, f"the engine still computes: {grew:.2f} s of CPU in 0.5 s"
+    return grew

@@ -8,9 +8,8 @@ import time
 import httpx
 import pytest
 
-from tests.bridge.conftest import sse_data, until
+from tests.bridge.conftest import engine_stopped, first_content, sse_data, until
 from tests.bridge.kobold import KoboldStandIn
-from tests.bridge.test_stopping import _engine_stopped, _first_content
 
 pytestmark = pytest.mark.timeout(240)
 # Less than the engine's own 2048: the pop must declare what the API reports.
@@ -119,13 +118,13 @@ def test_a_delete_aborts_the_kobold_generation_by_its_genkey(stack, engine, kobo
     # Long enough to be running when deleted, and within the 1536 tokens of context.
     with _chat(stack, accounts["requester"], 1300, kobold.model) as response:
         lines = response.iter_lines()
-        request_id = _first_content(lines)["id"].removeprefix("chatcmpl-")
+        request_id = first_content(lines)["id"].removeprefix("chatcmpl-")
         assert httpx.delete(f"{stack.url}/api/v2/generate/text/status/{request_id}").status_code == 200
         rest = "\n".join(lines)
     assert '"error"' in rest
     (body,) = kobold.received
     until(lambda: kobold.aborted == [body["genkey"]], timeout=5, message=f"aborted: {kobold.aborted}")
-    _engine_stopped(engine, disconnects)
+    engine_stopped(engine, disconnects)
     bridge.wait_for(r"job \S+ \(chat, .*\): lost, .*GenerationCancelled")
 
 

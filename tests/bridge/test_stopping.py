@@ -10,7 +10,14 @@ import time
 import httpx
 import pytest
 
-from tests.bridge.conftest import MODEL, STACK_SETTINGS, sse_data, start_bridge, until
+from tests.bridge.conftest import (
+    MODEL,
+    STACK_SETTINGS,
+    engine_stopped,
+    first_content,
+    sse_data,
+    start_bridge,
+)
 from tests.bridge.engine import Engine
 
 pytestmark = pytest.mark.timeout(240)
@@ -36,35 +43,21 @@ def _chat(stack, key: str, max_tokens: int, model: str = MODEL, **headers: str):
     )
 
 
-def _first_content(lines) -> dict:
-    """Read the stream up to its first chunk with text; that chunk."""
-    import json
-
-    for line in lines:
-        if line.startswith("data: {"):
-            chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                return chunk
-    raise AssertionError("the stream ended before any text")
-
-
-def _engine_stopped(engine: Engine, disconnects_before: int) -> float:
-    """Wait until the engine says its client left, then check that it computes nothing more;
-    the seconds its CPU time still grew over the half second after."""
-    until(lambda: engine.disconnects() > disconnects_before, timeout=5, message="the engine kept its client")
-    before = engine.cpu_seconds()
-    time.sleep(0.5)
-    grew = engine.cpu_seconds() - before
-    assert grew < 0.1, f"the engine still computes: {grew:.2f} s of CPU in 0.5 s"
-    return grew
-
-
 def _generation(stack, generation_id: str) -> tuple[str, int]:
     return stack.sql("SELECT state, renewals FROM jobs_generation WHERE id = %s", (generation_id,))[0]
 
 
 def _last_generation(stack) -> str:
     return str(stack.sql("SELECT id FROM jobs_generation ORDER BY popped_at DESC LIMIT 1")[0][0])
+
+
+def _given_back(stack, engine, worker, *, stopped: float, stream_rest: str, disconnects: int) -> None:
+    """A stopped bridge gave its job back: the requester's stream ended with an error within
+    3 s of `stopped`, the bridge exited cleanly, the generation is faulted, the engine stopped."""
+    assert time.monotonic() - stopped < 3 and '"error"' in stream_rest
+    assert worker.process.wait(timeout=30) == 0
+    assert _generation(stack, _last_generation(stack))[0] == "faulted"
+    engine_stopped(engine, disconnects)
 
 
 def test_a_reply_longer_than_the_base_lease_lives_on_its_progress_posts(stack, engine, accounts, bridge):
@@ -88,9 +81,9 @@ def test_a_reply_longer_than_the_base_lease_lives_on_its_progress_posts(stack, e
 def test_a_requester_that_leaves_stops_the_engine(stack, engine, accounts, bridge) -> None:
     disconnects = engine.disconnects()
     with _chat(stack, accounts["requester"], LONG_REPLY_TOKENS) as response:
-        _first_content(response.iter_lines())
+        first_content(response.iter_lines())
     left = time.monotonic()
-    _engine_stopped(engine, disconnects)
+    engine_stopped(engine, disconnects)
     assert time.monotonic() - left < 3
     bridge.wait_for(r"job \S+ \(chat, .*\): lost, .*GenerationCancelled")
 
@@ -107,7 +100,7 @@ def test_a_deadline_ends_the_stream_with_an_error_and_stops_the_engine(
         text = response.read().decode()
     assert time.monotonic() - started < 4
     assert '"error"' in text and "[DONE]" not in text.split('"error"')[0][-20:]
-    _engine_stopped(engine, disconnects)
+    engine_stopped(engine, disconnects)
     bridge.wait_for(r"job \S+ \(chat, .*\): (lost|deadline)")
 
 
@@ -115,12 +108,12 @@ def test_a_delete_of_the_request_stops_the_engine(stack, engine, accounts, bridg
     disconnects = engine.disconnects()
     with _chat(stack, accounts["requester"], LONG_REPLY_TOKENS) as response:
         lines = response.iter_lines()
-        request_id = _first_content(lines)["id"].removeprefix("chatcmpl-")
+        request_id = first_content(lines)["id"].removeprefix("chatcmpl-")
         deleted = httpx.delete(f"{stack.url}/api/v2/generate/text/status/{request_id}")
         assert deleted.status_code == 200, deleted.text
         rest = "\n".join(lines)
     assert '"error"' in rest
-    _engine_stopped(engine, disconnects)
+    engine_stopped(engine, disconnects)
     bridge.wait_for(r"job \S+ \(chat, .*\): lost, .*GenerationCancelled")
 
 
@@ -132,7 +125,7 @@ def test_sigterm_lets_a_running_job_finish_within_the_grace_period(
     )
     with _chat(stack, accounts["requester"], 600) as response:
         lines = response.iter_lines()
-        _first_content(lines)
+        first_content(lines)
         worker.process.send_signal(signal.SIGTERM)
         rest = "\n".join(lines)
     assert '"finish_reason":"length"' in rest and "[DONE]" in rest
@@ -148,15 +141,12 @@ def test_sigterm_past_the_grace_period_gives_the_job_back(stack, engine, account
     disconnects = engine.disconnects()
     with _chat(stack, accounts["requester"], LONG_REPLY_TOKENS) as response:
         lines = response.iter_lines()
-        _first_content(lines)
+        first_content(lines)
         worker.process.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         rest = "\n".join(lines)
     # Ended at the give-back, not at the lease's end plus a stale pass.
-    assert time.monotonic() - stopped < 3 and '"error"' in rest
-    assert worker.process.wait(timeout=30) == 0
-    assert _generation(stack, _last_generation(stack))[0] == "faulted"
-    _engine_stopped(engine, disconnects)
+    _given_back(stack, engine, worker, stopped=stopped, stream_rest=rest, disconnects=disconnects)
     assert "given back" in worker.output()
 
 
@@ -167,17 +157,14 @@ def test_a_second_interrupt_gives_the_job_back_at_once(stack, engine, accounts, 
     disconnects = engine.disconnects()
     with _chat(stack, accounts["requester"], LONG_REPLY_TOKENS, IMPATIENT) as response:
         lines = response.iter_lines()
-        _first_content(lines)
+        first_content(lines)
         worker.process.send_signal(signal.SIGINT)
         worker.wait_for(r"no more pops; 1 running jobs may finish")
         worker.process.send_signal(signal.SIGINT)
         stopped = time.monotonic()
         rest = "\n".join(lines)
     # The default grace period is 30 s: the job came back at the second Ctrl-C, not at its end.
-    assert time.monotonic() - stopped < 3 and '"error"' in rest
-    assert worker.process.wait(timeout=30) == 0
-    assert _generation(stack, _last_generation(stack))[0] == "faulted"
-    _engine_stopped(engine, disconnects)
+    _given_back(stack, engine, worker, stopped=stopped, stream_rest=rest, disconnects=disconnects)
     assert "second interrupt: giving back 1 running jobs now" in worker.output()
 
 
@@ -191,7 +178,7 @@ def test_a_backend_that_dies_gives_its_job_back_and_is_waited_for(stack, model_f
         )  # fmt: skip
         with _chat(stack, accounts["requester"], LONG_REPLY_TOKENS, FRAGILE) as response:
             lines = response.iter_lines()
-            _first_content(lines)
+            first_content(lines)
             dying.process.kill()
             died = time.monotonic()
             rest = "\n".join(lines)
