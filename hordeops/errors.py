@@ -239,22 +239,14 @@ class ProtocolValidationError(DomainError):
 
 
 class ReplyFailed(DomainError):
-    """A chat request that ended without a reply; `openai_code` says why."""
+    """A chat request that ended without a reply; `openai_code` is its ending (`jobs.models.Ending`)."""
 
     code = "ReplyFailed"
-    status = 502
-    REASONS = {
-        "generation_aborted": (502, "The worker stopped delivering this reply and its lease lapsed."),
-        "generation_given_back": (502, "The worker gave this reply up after it had started."),
-        "too_many_restarts": (502, "Every worker that took this request dropped it."),
-        "request_expired": (504, "No worker finished this request within its lifetime."),
-        "cancelled": (409, "This request was cancelled."),
-    }
 
-    def __init__(self, reason: str) -> None:
-        self.status, message = self.REASONS.get(reason, (502, "The request failed."))
-        self.openai_code = reason
+    def __init__(self, message: str, *, status: int, openai_code: str) -> None:
         super().__init__(message)
+        self.status = status
+        self.openai_code = openai_code
 
 
 class InvalidGenerationDeadline(DomainError):

@@ -8,15 +8,19 @@ pass marks the leases it aborts `dead`, so that no later post can renew or relay
 """
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from uuid import UUID
 
 from django.conf import settings
+from django.db import connection
 from django_redis import get_redis_connection
 
 from hordeops import metrics
+from jobs import sql
+from jobs.models import Generation
 from jobs.relay import APPEND_LUA, KEY_GRACE_SECONDS, relay_key
 
 
@@ -36,6 +40,9 @@ class Outcome(StrEnum):
 
 # What a worker is told, of the outcomes it is told at all (the progress answer's `lease`).
 ANSWERED = (Outcome.GRANTED, Outcome.AT_CAP, Outcome.NOT_RENEWED, Outcome.LAPSED)
+
+# The lease hash's field that `kill` sets: no post may renew or relay once it is there.
+KILLED_FIELD = "dead"
 
 
 def cap_seconds(*, trusted: bool) -> int:
@@ -91,7 +98,7 @@ if redis.call('EXISTS', lease) == 0 then
              'last_seq', taken, 'output_len', 0)
   redis.call('EXPIRE', lease, tonumber(ARGV[10]))
 end
-local state = redis.call('HMGET', lease, '{DEAD}', 'last_seq', 'lease_end', 'cap_end', 'output_len')
+local state = redis.call('HMGET', lease, '{KILLED_FIELD}', 'last_seq', 'lease_end', 'cap_end', 'output_len')
 if state[1] then
   -- Killed, perhaps before any post created it: the other fields may be missing.
   return {'{DEAD}', state[3] or '0', tonumber(state[2]) or 0}
@@ -132,11 +139,12 @@ redis.call('HSET', lease, 'lease_end', wanted)
 count('{GRANTED}')
 return {'{GRANTED}', wanted, seq}
 """
-# The outcomes as the script writes them: the enum's values, put in where `{NAME}` stands.
-RENEW_SCRIPT = APPEND_LUA + _RENEW_LUA
+# The outcomes as the script writes them (the enum's values) and the killed field's name,
+# put in where `{NAME}` stands.
+RENEW_SCRIPT = (APPEND_LUA + _RENEW_LUA).replace("{KILLED_FIELD}", KILLED_FIELD)
 for _outcome in Outcome:
     RENEW_SCRIPT = RENEW_SCRIPT.replace("{" + _outcome.name + "}", _outcome.value)
-assert "{" + "GRANTED}" not in RENEW_SCRIPT
+assert not re.search(r"\{[A-Z_]+\}", RENEW_SCRIPT), "a placeholder of the lease script has no value"
 
 
 def lease_key(generation_id: UUID) -> str:
@@ -159,6 +167,9 @@ def _renew_script():
 
 @dataclass(frozen=True)
 class Renewal:
+    """What one progress post did to its lease: the outcome the worker is told (a repeated
+    seq reads as what it would be now), the lease end (Unix seconds) and the last seq taken."""
+
     outcome: Outcome
     lease_end: float
     last_seq: int
@@ -167,44 +178,23 @@ class Renewal:
     def expires_at(self) -> datetime:
         return datetime.fromtimestamp(self.lease_end, tz=UTC)
 
-    def job_ttl(self, *, popped_at: datetime, cap_seconds: int) -> float:
-        """The lease end as the row keeps it, seconds after the pop: to the millisecond, rounded
-        up (never short of Redis's end; rounding to microseconds first drops float noise), and
-        never past the cap."""
-        seconds = round(self.lease_end - popped_at.timestamp(), 6)
-        return min(cap_seconds, math.ceil(seconds * 1000) / 1000)
-
-    def answered(self, now: datetime) -> Outcome:
-        """The outcome the worker is told: a repeated seq reads as what it would be now."""
-        if self.outcome == Outcome.RETRY:
-            return Outcome.LAPSED if now.timestamp() > self.lease_end else Outcome.NOT_RENEWED
-        return self.outcome
-
     def ttl(self, now: datetime) -> int:
         """Whole seconds left on the lease."""
         return max(0, math.floor(self.lease_end - now.timestamp()))
 
 
-def renew(
-    *,
-    generation_id: UUID,
-    request_id: UUID,
-    popped_at: datetime,
-    job_ttl: float,
-    cap_seconds: int,
-    trusted: bool,
-    seq: int,
-    delta: str,
-    tokens: int | None,
-    output_limit: int,
-    now: datetime,
-) -> Renewal:
-    """Run the lease script for one progress post."""
-    popped = popped_at.timestamp()
+def renew(generation: Generation, *, seq: int, delta: str, tokens: int | None, now: datetime) -> Renewal:
+    """Decide one progress post on `generation` (its request loaded) and write what it moved.
+
+    The script checks the seq, relays the delta and moves the lease end in Redis; a granted
+    renewal is then written to the row as its job_ttl, which is what the stale pass reads. A
+    row the pass aborted in between is not written: its lease is killed and the post is DEAD,
+    so that no generation is ever aborted with a live stream lease."""
+    popped = generation.popped_at.timestamp()
     outcome, lease_end, last_seq = _renew_script()(
         keys=[
-            lease_key(generation_id),
-            relay_key(request_id),
+            lease_key(generation.pk),
+            relay_key(generation.request_id),
             metrics.METRICS_KEY,
             metrics.minute_key(now),
             SINCE_KEY,
@@ -215,17 +205,31 @@ def renew(
             delta,
             settings.TEXT_JOB_LEASE_SECONDS,
             repr(popped),
-            repr(popped + job_ttl),
-            repr(popped + cap_seconds),
-            metrics.trust_label(trusted),
-            str(generation_id),
-            cap_seconds + KEY_GRACE_SECONDS,
+            repr(popped + generation.job_ttl),
+            repr(popped + generation.cap_seconds),
+            metrics.trust_label(generation.trusted_at_pop),
+            str(generation.pk),
+            generation.cap_seconds + KEY_GRACE_SECONDS,
             "" if tokens is None else tokens,
             metrics.MINUTE_KEY_TTL_SECONDS,
-            output_limit,
+            generation.request.output_limit_bytes,
         ],
     )
-    return Renewal(outcome=Outcome(outcome.decode()), lease_end=float(lease_end), last_seq=int(last_seq))
+    renewal = Renewal(outcome=Outcome(outcome.decode()), lease_end=float(lease_end), last_seq=int(last_seq))
+    if renewal.outcome == Outcome.RETRY:
+        lapsed = now.timestamp() > renewal.lease_end
+        return Renewal(Outcome.LAPSED if lapsed else Outcome.NOT_RENEWED, renewal.lease_end, renewal.last_seq)
+    if renewal.outcome == Outcome.GRANTED:
+        # To the millisecond, rounded up (never short of Redis's end; rounding to microseconds
+        # first drops float noise), and never past the cap.
+        seconds = math.ceil(round(renewal.lease_end - popped, 6) * 1000) / 1000
+        with connection.cursor() as cursor:
+            cursor.execute(sql.renew(), [min(generation.cap_seconds, seconds), generation.pk])
+            written = cursor.rowcount
+        if not written:
+            kill([generation.pk])
+            return Renewal(Outcome.DEAD, renewal.lease_end, renewal.last_seq)
+    return renewal
 
 
 def kill(generation_ids: list[UUID]) -> None:
@@ -235,7 +239,7 @@ def kill(generation_ids: list[UUID]) -> None:
     pipe = _redis().pipeline(transaction=False)
     for generation_id in generation_ids:
         key = lease_key(generation_id)
-        pipe.hset(key, "dead", 1)
+        pipe.hset(key, KILLED_FIELD, 1)
         pipe.expire(key, KEY_GRACE_SECONDS)
     pipe.execute()
 

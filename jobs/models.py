@@ -33,6 +33,21 @@ class TextRequestQuerySet(models.QuerySet["TextRequest"]):
         return self.filter(state=TextRequest.State.ACTIVE, queued__gt=0)
 
 
+class Ending(models.TextChoices):
+    """Why a request that did not finish ended: the one vocabulary of its `ending` column, its
+    generations' settlement reason, the relay's failure events and the /v1 error codes."""
+
+    NONE = "", "-"
+    CANCELLED = "cancelled", "cancelled by its requester"
+    DEADLINE = "generation_deadline_exceeded", "its deadline ran out"
+    LIFETIME = "request_expired", "its lifetime ran out"
+    RESTARTS = "too_many_restarts", "restarted too often"
+    ABORTED = "generation_aborted", "its streaming worker stopped delivering"
+    GIVEN_BACK = "generation_given_back", "its streaming worker gave it back"
+    UPSTREAM_INVALID = "upstream_stream_invalid", "its stream gave no output in preflight"
+    UNAVAILABLE = "ServiceUnavailable", "the horde lost Redis or its database"
+
+
 class TextRequest(models.Model):
     """A requester's text or chat request: `n` generations wanted of one prompt."""
 
@@ -46,17 +61,6 @@ class TextRequest(models.Model):
         FAULTED = "faulted", "Faulted"
         CANCELLED = "cancelled", "Cancelled"
         EXPIRED = "expired", "Expired"
-
-    class Ending(models.TextChoices):
-        """Why a request that did not finish ended (the settlement reasons, and the faults')."""
-
-        NONE = "", "-"
-        CANCELLED = "cancelled", "cancelled by its requester"
-        DEADLINE = "generation_deadline_exceeded", "its deadline ran out"
-        LIFETIME = "request_expired", "its lifetime ran out"
-        RESTARTS = "restarts_exhausted", "restarted too often"
-        AFTER_COMMIT = "lost_after_commit", "its job was lost after its stream was committed"
-        LEASE_LOST = "ServiceUnavailable", "Redis lost its lease and its requester was gone"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="requests")
@@ -124,6 +128,7 @@ class TextRequest(models.Model):
             models.CheckConstraint(
                 condition=Q(queued=0) | Q(state="active"), name="request_only_active_is_queued"
             ),
+            models.CheckConstraint(condition=Q(ending__in=Ending.values), name="request_ending_known"),
         ]
 
     def __str__(self) -> str:

@@ -13,7 +13,7 @@ from functools import cache
 
 from hordeops.rows import columns, insert_columns
 from jobs import eligibility
-from jobs.models import QUEUE_SHAPE, Generation, QueuedModel, TextRequest, lease_end_sql
+from jobs.models import QUEUE_SHAPE, Ending, Generation, QueuedModel, TextRequest, lease_end_sql
 from workers.capacity import ONLINE_SQL
 from workers.models import Account, Worker
 
@@ -27,7 +27,6 @@ TEXT = TextRequest.Kind.TEXT.value
 EXPIRED, FAULTED = TextRequest.State.EXPIRED.value, TextRequest.State.FAULTED.value
 PROCESSING, DONE = Generation.State.PROCESSING.value, Generation.State.DONE.value
 ABORTED, CANCELLED = Generation.State.ABORTED.value, Generation.State.CANCELLED.value
-ENDING = TextRequest.Ending
 
 
 # -- The pop ---------------------------------------------------------------------------------
@@ -333,7 +332,8 @@ def cancel_generations() -> str:
 @cache
 def restart_requests() -> str:
     """Give `added` aborted jobs back to each request (`ids`), or fault it: past `max`
-    restarts, or at once if its stream was committed. Returns (id, state, committed, kind)."""
+    restarts, or at once, ending `after_commit`, if its stream was committed.
+    Returns (id, state, kind, ending)."""
     fault = f"r.state = '{ACTIVE}' AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
     return f"""
         UPDATE {REQUESTS} AS r SET
@@ -341,11 +341,11 @@ def restart_requests() -> str:
           queued = CASE WHEN r.state = '{ACTIVE}' AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
           state = CASE WHEN {fault} THEN '{FAULTED}' ELSE r.state END,
           ending = CASE WHEN NOT ({fault}) THEN r.ending
-                        WHEN r.stream_generation IS NOT NULL THEN '{ENDING.AFTER_COMMIT.value}'
-                        ELSE '{ENDING.RESTARTS.value}' END
+                        WHEN r.stream_generation IS NOT NULL THEN %(after_commit)s
+                        ELSE '{Ending.RESTARTS.value}' END
         FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
         WHERE r.id = v.id
-        RETURNING r.id, r.state, r.stream_generation IS NOT NULL, r.kind
+        RETURNING r.id, r.state, r.kind, r.ending
         """
 
 
@@ -357,7 +357,7 @@ STALE_PASS_LOCK = "SELECT pg_try_advisory_xact_lock(%s)"
 # Why a request past its `expires_at` ended: its deadline, or its lifetime.
 _EXPIRY_REASON = (
     "CASE WHEN r.deadline_at IS NOT NULL AND r.deadline_at <= r.expires_at"
-    f" THEN '{ENDING.DEADLINE.value}' ELSE '{ENDING.LIFETIME.value}' END"
+    f" THEN '{Ending.DEADLINE.value}' ELSE '{Ending.LIFETIME.value}' END"
 )
 
 

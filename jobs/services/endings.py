@@ -4,8 +4,9 @@ and the relay events that tell waiting requesters."""
 import json
 import logging
 import math
-from collections import Counter as Tally
+from collections import Counter
 from datetime import datetime
+from typing import NamedTuple
 from uuid import UUID
 
 import redis.exceptions
@@ -13,20 +14,20 @@ from django.conf import settings
 from django.db import connection, transaction
 from django_redis import get_redis_connection
 
-from hordeops import clock, errors, metrics
+from hordeops import clock, errors
 from jobs import claims, leases, relay, sql
-from jobs.models import TextRequest
+from jobs.models import Ending, TextRequest
 
 logger = logging.getLogger(__name__)
 
 
 def cancel_request(
-    *, request_id: UUID, reason: str = "cancelled", now: datetime | None = None
+    *, request_id: UUID, reason: Ending = Ending.CANCELLED, now: datetime | None = None
 ) -> TextRequest:
     """Drop the request's queued work and cancel its running generations.
 
-    `reason` is what a waiting requester and the settlement record are told: "cancelled"
-    (by the requester) or "generation_deadline_exceeded". Nothing restarts a cancelled job.
+    `reason` is the request's ending, which its waiting requester and the settlement record are
+    told. Nothing restarts a cancelled job.
     A requester's cancellation of a request already past its lifetime or deadline expires it
     instead, as the stale pass would have: its ending was the deadline's, not the requester's.
     """
@@ -35,7 +36,7 @@ def cancel_request(
         request = TextRequest.objects.select_for_update().filter(pk=request_id).first()
         if request is None:
             raise errors.RequestNotFound()
-        if reason == "cancelled" and request.is_past_expiry(now):
+        if reason == Ending.CANCELLED and request.is_past_expiry(now):
             _expire(request, now)
         elif request.state == TextRequest.State.ACTIVE:
             request.state = TextRequest.State.CANCELLED
@@ -70,24 +71,28 @@ def _expire(request: TextRequest, now: datetime) -> None:
     request.refresh_from_db()
 
 
-def expire_past(cursor, *, now: datetime, request_id: UUID | None = None) -> tuple[list[UUID], list[UUID]]:
+class Expiry(NamedTuple):
+    requests: list[UUID]  # expired
+    generations: list[UUID]  # cancelled with them
+
+
+def expire_past(cursor, *, now: datetime, request_id: UUID | None = None) -> Expiry:
     """Expire the active requests past their lifetime or deadline (every one, or `request_id`'s),
     cancelling their running generations with the reason; their streams are ended once the
-    caller's transaction commits. Returns the expired requests and the cancelled generations.
-    Nothing restarts them."""
+    caller's transaction commits. Nothing restarts them."""
     params = {"now": now, "request_id": request_id}
     one = request_id is not None
     cursor.execute(sql.ending_generations(one), params)
     ending = cursor.fetchall()
     for why in {why for _, why, _ in ending}:
-        _cancel_generations({g: length for g, w, length in ending if w == why}, why, now)
+        _cancel_generations({g: length for g, w, length in ending if w == why}, Ending(why), now)
     cancelled = [generation_id for generation_id, _, _ in ending]
     cursor.execute(sql.expire_requests(one), params)
     expired = cursor.fetchall()
     chats = [(expired_id, why) for expired_id, kind, why in expired if kind == TextRequest.Kind.CHAT]
     # robust: the expiry has committed; Redis failing now must not make it look undone.
     transaction.on_commit(lambda: _end_streams(chats, cancelled), robust=True)
-    return [expired_id for expired_id, _, _ in expired], cancelled
+    return Expiry(requests=[expired_id for expired_id, _, _ in expired], generations=cancelled)
 
 
 # Cancellations the database could not take when they were made (it was down), by request
@@ -95,7 +100,7 @@ def expire_past(cursor, *, now: datetime, request_id: UUID | None = None) -> tup
 DEFERRED_KEY = "hordeops:deferred-cancellations"
 
 
-def defer_cancellations(*, reasons: dict[UUID, str]) -> None:
+def defer_cancellations(*, reasons: dict[UUID, Ending]) -> None:
     """Record cancellations for `cancel_deferred`, where any process (the stale pass) finds them."""
     if reasons:
         _redis().hset(
@@ -103,7 +108,7 @@ def defer_cancellations(*, reasons: dict[UUID, str]) -> None:
         )
 
 
-def cancel_deferred(*, pending: dict[UUID, str] | None = None, now: datetime | None = None) -> list[UUID]:
+def cancel_deferred(*, pending: dict[UUID, Ending] | None = None, now: datetime | None = None) -> list[UUID]:
     """Make the cancellations that waited for the database: those recorded in Redis and
     `pending` (a process's own, which Redis may not hold if it was down too). Returns the
     requests dealt with. Raises DatabaseError while the database is still away."""
@@ -112,7 +117,7 @@ def cancel_deferred(*, pending: dict[UUID, str] | None = None, now: datetime | N
         stored = _redis().hgetall(DEFERRED_KEY)
     except redis.exceptions.RedisError:
         stored = {}
-    reasons.update({UUID(key.decode()): value.decode() for key, value in stored.items()})
+    reasons.update({UUID(key.decode()): Ending(value.decode()) for key, value in stored.items()})
     for request_id, reason in reasons.items():
         try:
             cancel_request(request_id=request_id, reason=reason, now=now)
@@ -132,7 +137,7 @@ def _redis():
     return get_redis_connection("default")
 
 
-def _cancel_generations(max_lengths: dict[UUID, int], reason: str, now: datetime) -> None:
+def _cancel_generations(max_lengths: dict[UUID, int], reason: Ending, now: datetime) -> None:
     """Cancel generations in workers' hands (each with its request's max_length), keeping
     their settlement information.
 
@@ -169,53 +174,56 @@ def _cancel_generations(max_lengths: dict[UUID, int], reason: str, now: datetime
         cursor.execute(sql.cancel_generations(), params)
 
 
-def _end_streams(failures: list[tuple[UUID, str]], dead_generations: list[UUID]) -> None:
+def _end_streams(failures: list[tuple[UUID, Ending]], dead_generations: list[UUID]) -> None:
     """Tell waiting requesters their requests ended, and kill the generations' leases."""
     leases.kill(dead_generations)
     relay.publish_many([(request_id, relay.FAILED, "", {"code": code}) for request_id, code in failures])
 
 
-def _restart_requests(counts: Tally) -> list[tuple[UUID, str, bool, str]]:
-    """Give aborted jobs back to their requests, or fault a request past its restarts.
+class AbortedJob(NamedTuple):
+    """A generation taken from its worker (its lease lapsed, or the worker gave it back)."""
 
-    A request whose stream was committed to a requester faults at once: there is no
-    fallback after commit. Returns (request id, state now, committed, kind) for each request.
-    """
+    request_id: UUID
+    generation_id: UUID
+
+
+class Restart(NamedTuple):
+    """A request after its aborted jobs went back to it: still active, or faulted with its ending."""
+
+    request_id: UUID
+    state: str
+    kind: str
+    ending: str
+
+
+def restart_requests(*, counts: Counter[UUID], after_commit: Ending) -> list[Restart]:
+    """Give `counts` aborted jobs back to each request, or fault a request past its restarts.
+
+    A request whose stream was committed to a requester faults at once, ending `after_commit`
+    (its worker stopped delivering, or gave the job back): there is no fallback after commit."""
     ids, added = zip(*counts.items(), strict=True)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql.restart_requests(),
-            {"ids": list(ids), "added": list(added), "max": settings.TEXT_REQUEST_MAX_RESTARTS},
-        )
-        return cursor.fetchall()
-
-
-def _relay_restarts(
-    outcomes: list[tuple[UUID, str, bool, str]], aborted: list[tuple[UUID, UUID]], *, given_back: bool = False
-) -> None:
-    """Kill the aborted generations' leases and tell each waiting chat requester what happened:
-    a committed stream's job aborted as stale, or given back by its worker (`given_back`)."""
-    leases.kill([generation_id for _, generation_id in aborted])
-    chats = {
-        request_id: (state, committed)
-        for request_id, state, committed, kind in outcomes
-        if kind == TextRequest.Kind.CHAT
+    params = {
+        "ids": list(ids),
+        "added": list(added),
+        "max": settings.TEXT_REQUEST_MAX_RESTARTS,
+        "after_commit": after_commit.value,
     }
+    with connection.cursor() as cursor:
+        cursor.execute(sql.restart_requests(), params)
+        return [Restart(*row) for row in cursor.fetchall()]
+
+
+def relay_restarts(*, restarts: list[Restart], aborted: list[AbortedJob]) -> None:
+    """Kill the aborted generations' leases and tell each waiting chat requester what happened:
+    its job restarts, or its request faulted."""
+    leases.kill([job.generation_id for job in aborted])
+    chats = {restart.request_id: restart for restart in restarts if restart.kind == TextRequest.Kind.CHAT}
     events = []
-    for request_id, generation_id in aborted:
-        if request_id not in chats:
+    for job in aborted:
+        restart = chats.get(job.request_id)
+        if restart is None:
             continue
-        state, committed = chats[request_id]
-        events.append((request_id, relay.RESTARTED, str(generation_id), {}))
-        if state == TextRequest.State.FAULTED:
-            if not committed:
-                code = "too_many_restarts"
-            else:
-                code = "generation_given_back" if given_back else "generation_aborted"
-            events.append((request_id, relay.FAILED, str(generation_id), {"code": code}))
+        events.append((job.request_id, relay.RESTARTED, str(job.generation_id), {}))
+        if restart.state == TextRequest.State.FAULTED:
+            events.append((job.request_id, relay.FAILED, str(job.generation_id), {"code": restart.ending}))
     relay.publish_many(events)
-
-
-def _count_stale_aborts(by_trust: Tally, now: datetime) -> None:
-    for trust, count in by_trust.items():
-        metrics.increment(metrics.STALE_ABORTS, trust, amount=count, now=now)

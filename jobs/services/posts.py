@@ -8,7 +8,7 @@ from uuid import UUID
 from hordeops import errors
 from hordeops.rows import fetch_instances
 from jobs import sql
-from jobs.models import Generation, TextRequest
+from jobs.models import Ending, Generation, TextRequest
 from jobs.services.endings import cancel_request
 from workers.models import Account, hash_api_key
 from workers.services import required_api_key
@@ -16,12 +16,12 @@ from workers.services import required_api_key
 logger = logging.getLogger(__name__)
 
 
-def _posted_generation(*, api_key: str | None, generation_id: UUID) -> Generation:
+def posted_generation(*, api_key: str | None, generation_id: UUID) -> Generation:
     """The generation a worker posts to, once the key is known and owns its worker.
 
     The key is checked in the generation's own statement: a bad key is refused before a bad
     id, as when authenticating came first."""
-    post = worker_post(generation_id, api_key=required_api_key(api_key))
+    post = worker_post(generation_id=generation_id, api_key=required_api_key(api_key))
     if post is None:
         raise errors.InvalidAPIKey()
     generation = post.generation
@@ -37,7 +37,7 @@ class WorkerPost(NamedTuple):
     generation: Generation | None
 
 
-def worker_post(generation_id: UUID, *, api_key: str) -> WorkerPost | None:
+def worker_post(*, generation_id: UUID, api_key: str) -> WorkerPost | None:
     """Who posts (the account of `api_key`, its id loaded) and the generation they post
     progress or a result to, with its worker (the account) and its request (kind, state,
     max_length, deadline): one statement (`sql.worker_post`), no ORM compiling, on the two
@@ -56,7 +56,7 @@ def worker_post(generation_id: UUID, *, api_key: str) -> WorkerPost | None:
     return WorkerPost(caller=caller, generation=generation)
 
 
-def _refusal(generation_id: UUID) -> errors.DomainError:
+def refusal(*, generation_id: UUID) -> errors.DomainError:
     """The error for a submit or progress post on a generation that is no longer processing."""
     generation = Generation.objects.filter(pk=generation_id).first()
     if generation is None:
@@ -74,7 +74,7 @@ def _refusal(generation_id: UUID) -> errors.DomainError:
     )
 
 
-def _too_long(text_request: TextRequest) -> errors.OutputTooLong:
+def output_too_long(*, text_request: TextRequest) -> errors.OutputTooLong:
     return errors.OutputTooLong(
         f"This job asked for at most {text_request.max_length} tokens, so its output may be at most "
         f"{text_request.output_limit_bytes} bytes of UTF-8 in all "
@@ -83,8 +83,8 @@ def _too_long(text_request: TextRequest) -> errors.OutputTooLong:
     )
 
 
-def _refuse_past_deadline(text_request: TextRequest, now: datetime) -> None:
+def refuse_past_deadline(*, text_request: TextRequest, now: datetime) -> None:
     """Past the requester's deadline the job is cancelled, whatever the pass has done yet."""
     if text_request.deadline_at and now >= text_request.deadline_at:
-        cancel_request(request_id=text_request.pk, reason=errors.GenerationDeadlineExceeded.code, now=now)
+        cancel_request(request_id=text_request.pk, reason=Ending.DEADLINE, now=now)
         raise errors.GenerationCancelled("The requester's generation deadline ran out.")

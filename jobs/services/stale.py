@@ -1,21 +1,22 @@
 """The stale pass: abort generations whose lease lapsed, restart or fault their requests."""
 
 import logging
-from collections import Counter as Tally
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from uuid import UUID
 
 from django.db import connection, transaction
 
 from hordeops import clock, metrics
 from jobs import sql
+from jobs.models import Ending
 from jobs.services.endings import (
-    _count_stale_aborts,
-    _relay_restarts,
-    _restart_requests,
+    AbortedJob,
+    Restart,
     cancel_deferred,
     expire_past,
+    relay_restarts,
+    restart_requests,
 )
 from workers.services import count_aborts
 
@@ -54,22 +55,26 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
                 return StalePassResult(ran=False)
         with connection.cursor() as cursor:
             # Requests past their lifetime or deadline first: nothing restarts their jobs.
-            expired, cancelled = expire_past(cursor, now=now)
-            result.expired_requests, result.cancelled_by_expiry = len(expired), len(cancelled)
+            expiry = expire_past(cursor, now=now)
+            result.expired_requests, result.cancelled_by_expiry = (
+                len(expiry.requests),
+                len(expiry.generations),
+            )
             # The lapse test, in the UPDATE's own WHERE (see sql.abort_lapsed).
             cursor.execute(sql.abort_lapsed(), {"now": now})
             rows = cursor.fetchall()
         result.aborted = len(rows)
-        outcomes: list[tuple[UUID, str, bool]] = []
+        restarts: list[Restart] = []
         if rows:
-            outcomes = _restart_requests(Tally(row[1] for row in rows))
-            result.maintenance = count_aborts(counts=Tally(row[2] for row in rows), now=now)
-        by_trust = Tally(metrics.trust_label(row[3]) for row in rows)
-        aborted = [(row[1], row[0]) for row in rows]
+            restarts = restart_requests(counts=Counter(row[1] for row in rows), after_commit=Ending.ABORTED)
+            result.maintenance = count_aborts(counts=Counter(row[2] for row in rows), now=now)
+        by_trust = Counter(metrics.trust_label(row[3]) for row in rows)
+        aborted = [AbortedJob(request_id=row[1], generation_id=row[0]) for row in rows]
 
         def after_commit() -> None:
-            _count_stale_aborts(by_trust, now)
-            _relay_restarts(outcomes, aborted)
+            for trust, count in by_trust.items():
+                metrics.increment(metrics.STALE_ABORTS, trust, amount=count, now=now)
+            relay_restarts(restarts=restarts, aborted=aborted)
 
         # robust: the pass has committed; Redis failing now must not make it look undone.
         transaction.on_commit(after_commit, robust=True)

@@ -2,7 +2,7 @@
 
 import json
 import logging
-from collections import Counter as Tally
+from collections import Counter
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -11,9 +11,9 @@ from django.db import connection, transaction
 
 from hordeops import clock, errors
 from jobs import claims, leases, relay, sql
-from jobs.models import Generation, TextRequest
-from jobs.services.endings import _relay_restarts, _restart_requests
-from jobs.services.posts import _posted_generation, _refusal, _refuse_past_deadline, _too_long
+from jobs.models import Ending, Generation, TextRequest
+from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
+from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
 from jobs.services.requests import estimate_tokens
 from workers.models import Worker
 from workers.services import count_aborts
@@ -39,7 +39,7 @@ def submit_generation(
     worker retries any other answer for ~22 s before it gives up. Neither counts against the
     worker."""
     now = now or clock.now()
-    generation = _posted_generation(api_key=api_key, generation_id=generation_id)
+    generation = posted_generation(api_key=api_key, generation_id=generation_id)
     try:
         return _submit(generation, text=text, state=state, seed=seed, gen_metadata=gen_metadata, now=now)
     except errors.GenerationCancelled:
@@ -63,14 +63,14 @@ def _submit(
     gen_metadata: list[dict[str, Any]],
     now: datetime,
 ) -> float:
-    _refuse_past_deadline(generation.request, now)
+    refuse_past_deadline(text_request=generation.request, now=now)
     if state == "faulted":
         _give_back(generation, now)
         return 0.0
 
     text_request = generation.request
     if len(text.encode()) > text_request.output_limit_bytes:
-        raise _too_long(text_request)
+        raise output_too_long(text_request=text_request)
     tokens = estimate_tokens(text, text_request.max_length)
     if text_request.kind == TextRequest.Kind.CHAT:
         # A streaming worker's own running count beats the four-characters estimate, within
@@ -103,7 +103,7 @@ def _submit(
         )
         (accepted,) = cursor.fetchone()
     if not accepted:
-        raise _refusal(generation.pk)
+        raise refusal(generation_id=generation.pk)
     if text_request.kind == TextRequest.Kind.CHAT:
         finish = "length" if tokens >= text_request.max_length else "stop"
         # robust: the result is accepted once committed, Redis or not; the answer says so.
@@ -126,12 +126,13 @@ def _give_back(generation: Generation, now: datetime) -> None:
             state=Generation.State.FAULTED, finished_at=now
         )
         if not given_back:
-            raise _refusal(generation.pk)
-        outcomes = _restart_requests(Tally([generation.request_id]))
-        count_aborts(counts=Tally([generation.worker_id]), now=now)
+            raise refusal(generation_id=generation.pk)
+        restarts = restart_requests(counts=Counter([generation.request_id]), after_commit=Ending.GIVEN_BACK)
+        count_aborts(counts=Counter([generation.worker_id]), now=now)
+        aborted = [AbortedJob(request_id=generation.request_id, generation_id=generation.pk)]
         # robust: committed, the give-back has happened, so it is not answered 503 if Redis
-        # fails now; the lease left in Redis is dead anyway, as the row says (`_refusal`).
+        # fails now; the lease left in Redis is dead anyway, as the row says (`refusal`).
         transaction.on_commit(
-            lambda: _relay_restarts(outcomes, [(generation.request_id, generation.pk)], given_back=True),
+            lambda: relay_restarts(restarts=restarts, aborted=aborted),
             robust=True,
         )

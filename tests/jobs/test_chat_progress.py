@@ -215,24 +215,18 @@ def test_a_submit_racing_a_progress_post_keeps_the_submitted_text(make_caller, c
 
 
 @pytest.mark.parametrize("microseconds", [574507, 574567, 999999, 1])
-def test_the_lease_held_at_the_cap_answers_at_cap_whatever_the_pop_time(db, microseconds):
+def test_the_lease_held_at_the_cap_answers_at_cap_whatever_the_pop_time(chat_job, owner, microseconds):
     """The cap is stored as its own string: a float printed with 14 digits fell short of it."""
     popped = timezone.datetime(2026, 6, 1, 8, 0, 0, microseconds, tzinfo=UTC)
-    generation_id, request_id = uuid.uuid4(), uuid.uuid4()
+    job = chat_job(owner)
+    Generation.objects.filter(pk=job["id"]).update(
+        popped_at=popped, job_ttl=150, cap_seconds=200, trusted_at_pop=False
+    )
+    generation = Generation.objects.select_related("request").get(pk=job["id"])
 
     def post(seq: int, at: float):
         return leases.renew(
-            generation_id=generation_id,
-            request_id=request_id,
-            popped_at=popped,
-            job_ttl=150,
-            cap_seconds=200,
-            trusted=False,
-            seq=seq,
-            delta="words",
-            tokens=None,
-            output_limit=10_000,
-            now=popped + timedelta(seconds=at),
+            generation, seq=seq, delta="words", tokens=None, now=popped + timedelta(seconds=at)
         )
 
     assert post(1, 30).outcome == "granted"  # to 180 s
@@ -282,21 +276,16 @@ def test_a_lease_killed_before_any_post_refuses_the_first_post(chat_job, owner):
 
 
 def test_the_script_answers_dead_for_a_lease_killed_before_it_existed(db):
-    generation_id = uuid.uuid4()
-    leases.kill([generation_id])
-    renewal = leases.renew(
-        generation_id=generation_id,
-        request_id=uuid.uuid4(),
+    generation = Generation(
+        id=uuid.uuid4(),
+        request=TextRequest(id=uuid.uuid4(), max_length=80),
         popped_at=timezone.now(),
         job_ttl=150,
         cap_seconds=200,
-        trusted=False,
-        seq=1,
-        delta="x",
-        tokens=None,
-        output_limit=10_000,
-        now=timezone.now(),
+        trusted_at_pop=False,
     )
+    leases.kill([generation.pk])
+    renewal = leases.renew(generation, seq=1, delta="x", tokens=None, now=timezone.now())
     assert (renewal.outcome, renewal.last_seq) == ("dead", 0)
 
 

@@ -1,12 +1,15 @@
-"""A request that did not finish records why it ended: the requester, its deadline, its
-lifetime, its restarts, or a job lost after its stream was committed."""
+"""A request that did not finish records why it ended, in one vocabulary (`Ending`): the
+requester, its deadline, its lifetime, its restarts, a job lost or given back after its stream
+was committed, or a stream that gave no output in preflight."""
 
-from jobs.models import TextRequest
-from jobs.services import abort_stale_generations, cancel_request, commit_stream
+import pytest
+from django.db import IntegrityError, transaction
+
+from jobs.models import Ending, TextRequest
+from jobs.services import abort_stale_generations, cancel_request, commit_stream, submit_generation
 from tests.conftest import queue_chat
 
 T0 = "2026-03-01 12:00:00+00:00"
-Ending = TextRequest.Ending
 
 
 def _ending(request_id) -> tuple[str, str]:
@@ -49,4 +52,40 @@ def test_a_job_lost_after_its_stream_was_committed_faults_its_request_at_once(re
     commit_stream(request_id=chat.pk, generation_id=job["id"])
     clock.shift(151)
     abort_stale_generations()
-    assert _ending(chat.pk) == (TextRequest.State.FAULTED, Ending.AFTER_COMMIT)
+    assert _ending(chat.pk) == (TextRequest.State.FAULTED, Ending.ABORTED)
+
+
+def test_a_job_given_back_after_its_stream_was_committed_is_told_apart_from_a_lapsed_one(requester, owner):
+    declared = {"models": ["chat-model"], "chat": True, "max_length": 4096, "max_context_length": 8192}
+    owner.pop("w", **declared)
+    chat = queue_chat(requester, 300)
+    job = owner.pop("w", **declared).json()
+    commit_stream(request_id=chat.pk, generation_id=job["id"])
+    submit_generation(
+        api_key=owner.api_key, generation_id=job["id"], text="", state="faulted", seed=0, gen_metadata=[]
+    )
+    assert _ending(chat.pk) == (TextRequest.State.FAULTED, Ending.GIVEN_BACK)
+
+
+def test_a_stream_refused_in_preflight_is_listed_under_its_ending_in_the_admin(
+    requester, owner, admin_client
+):
+    owner.pop("w", models=["chat-model"], chat=True, max_length=4096, max_context_length=8192)
+    chat = queue_chat(requester, 300)
+    cancel_request(request_id=chat.pk, reason="upstream_stream_invalid")
+    page = admin_client.get("/admin/jobs/textrequest/", {"ending__exact": "upstream_stream_invalid"})
+    assert page.status_code == 200
+    assert [row.pk for row in page.context["cl"].result_list] == [chat.pk]
+    offered = [
+        choice["display"]
+        for spec in page.context["cl"].filter_specs
+        for choice in spec.choices(page.context["cl"])
+    ]
+    assert TextRequest.objects.get(pk=chat.pk).get_ending_display() in offered
+    assert "upstream_stream_invalid" not in offered  # a label, not the raw code
+
+
+def test_the_database_refuses_an_ending_that_is_not_one_of_the_choices(requester):
+    queued = requester.request_text(models=["m1"]).json()["id"]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TextRequest.objects.filter(pk=queued).update(ending="restarts_exhausted_somehow")

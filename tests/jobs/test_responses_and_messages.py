@@ -20,8 +20,9 @@ from django.db.models import F
 
 from hordeops import errors
 from jobs import services
-from jobs.models import Generation, TextRequest
+from jobs.models import Ending, Generation, TextRequest
 from jobs.protocols import AnthropicMessages, OpenAIChat, OpenAIResponses, Reply, Usage
+from jobs.replies import failure
 from tests.live import Background, ChatWorker
 
 MODEL = "koboldcpp/protocols-test-8B"
@@ -694,9 +695,9 @@ def test_the_deadline_error_event_after_commitment_is_exactly_the_contracts_in_e
         (errors.WrongCredentials(), 403, "permission_error", "invalid_request_error"),
         (errors.UnknownModel(), 404, "not_found_error", "invalid_request_error"),
         (errors.MethodNotAllowed(allowed=("POST",)), 405, "invalid_request_error", "invalid_request_error"),
-        (errors.ReplyFailed("cancelled"), 409, "conflict_error", "invalid_request_error"),
+        (failure(Ending.CANCELLED), 409, "conflict_error", "invalid_request_error"),
         (errors.PayloadTooLarge(), 413, "request_too_large", "invalid_request_error"),
-        (errors.ReplyFailed("too_many_restarts"), 502, "api_error", "server_error"),
+        (failure(Ending.RESTARTS), 502, "api_error", "server_error"),
         (errors.UpstreamStreamInvalid(), 502, "api_error", "server_error"),
         (errors.ServiceUnavailable(), 503, "overloaded_error", "server_error"),
         (errors.GenerationDeadlineExceeded(), 504, "timeout_error", "timeout_error"),

@@ -28,7 +28,7 @@ def test_an_unknown_generation_is_InvalidJobID(owner):
 
 def test_a_posted_generation_loads_with_its_workers_account_and_its_requests_kind(requester, owner):
     request_id, generation_id = _queue_and_pop(requester, owner)
-    post = worker_post(generation_id, api_key=owner.api_key)
+    post = worker_post(generation_id=generation_id, api_key=owner.api_key)
     assert post.caller.pk == owner.account.pk
     loaded = post.generation
     expected = Generation.objects.select_related("worker", "request").get(pk=generation_id)
@@ -42,9 +42,9 @@ def test_a_posted_generation_loads_with_its_workers_account_and_its_requests_kin
         expected.request.max_length,
         None,
     )
-    unknown = worker_post(uuid.uuid4(), api_key=requester.api_key)
+    unknown = worker_post(generation_id=uuid.uuid4(), api_key=requester.api_key)
     assert unknown.caller.pk == requester.account.pk and unknown.generation is None
-    assert worker_post(generation_id, api_key="no such key") is None
+    assert worker_post(generation_id=generation_id, api_key="no such key") is None
 
 
 def test_a_bad_key_is_refused_before_an_unknown_or_foreign_generation(requester, owner):
