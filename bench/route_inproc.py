@@ -4,7 +4,7 @@ Run:  .venv/bin/python bench/route_inproc.py [--calls 2000] [--queued 5000] [--p
 
 (under a minute; the JSON goes to stdout, a profile, if asked for, to stderr.)
 
-`bench/route_cpu.py` reads a gunicorn worker's CPU from /proc, in clock ticks, with the HTTP
+`bench/studies/route_cpu.py` reads a gunicorn worker's CPU from /proc, in clock ticks, with the HTTP
 server's share in it. This calls `hordeops.asgi.application` directly, as uvicorn would, and
 runs the sync view inline on the calling thread (the ASGI handler's thread pool swapped for an
 inline executor), so `time.process_time()` around the calls is the application's own CPU per

@@ -221,7 +221,7 @@ django_application = StaticFilesHandler(HordeASGIHandler())
 async def application(scope, receive, send):
     """Django, with the monotonic arrival time stamped before the body is read.
 
-    Generation deadlines (seed 003) count body reads and everything after them.
+    Generation deadlines count body reads and everything after them.
     """
     if scope["type"] == "http":
         scope = clock.arrived_scope(scope)

@@ -1,8 +1,8 @@
 """Database work for async views: a few shared threads, and no connection held between statements.
 
 An open chat request waits and streams on the event loop for as long as its requester likes;
-it must hold neither a thread nor a pooled PostgreSQL connection meanwhile (CONTRACT.md
-section 12). So each of its database steps (queue the request, commit the stream, cancel)
+it must hold neither a thread nor a pooled PostgreSQL connection meanwhile (the open
+requests' bound). So each of its database steps (queue the request, commit the stream, cancel)
 runs through `run`: on one of WEB_ASYNC_DB_THREADS threads shared by every async request of
 the process, and its connection goes back to the pool as soon as the step returns. The
 connections a process uses for requesters are thus bounded by those threads, whatever the

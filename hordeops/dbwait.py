@@ -2,7 +2,7 @@
 
 Every wait is bounded by DATABASE_POOL_WAIT_SECONDS, so that an outage or an exhausted pool
 answers 503 within a second or two rather than after the pool's own timeout; a request with
-a generation deadline is bounded by what is left of it too (seed 003: a deadline covers every
+a generation deadline is bounded by what is left of it too (a generation deadline covers every
 phase, waiting for a connection included), and a wait cut short by the deadline is its 504.
 The bound is a context variable, so that it follows the request onto the thread that runs its
 database work (`hordeops.asyncdb`, asgiref).

@@ -250,14 +250,14 @@ class ReplyFailed(DomainError):
 
 
 class InvalidGenerationDeadline(DomainError):
-    """A malformed X-MultiLLM-Deadline-Ms header (seed 003)."""
+    """A malformed X-MultiLLM-Deadline-Ms header (docs/reference/generation_deadline.md)."""
 
     code = "invalid_generation_deadline"
     default_message = "X-MultiLLM-Deadline-Ms must be one integer from 1 to the horde's maximum."
 
 
 class GenerationDeadlineExceeded(DomainError):
-    """The requester's generation deadline ran out (seed 003)."""
+    """The requester's generation deadline ran out."""
 
     code = "generation_deadline_exceeded"
     status = 504
@@ -265,7 +265,7 @@ class GenerationDeadlineExceeded(DomainError):
 
 
 class UpstreamStreamInvalid(DomainError):
-    """Stream preflight found no output within its bounds, or the job ended first (seed 003)."""
+    """Stream preflight found no output within its bounds, or the job ended first."""
 
     code = "upstream_stream_invalid"
     status = 502

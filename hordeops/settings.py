@@ -1,6 +1,6 @@
 """Settings for hordeops, every one read from an environment variable.
 
-The names and defaults of the horde's own rules are fixed by CONTRACT.md section 3.
+The names and defaults of the horde's own rules are listed in docs/reference/settings.md.
 Nothing outside this module reads the environment.
 """
 
@@ -79,7 +79,7 @@ def env_gc_thresholds(name: str, default: tuple[int, int, int]) -> tuple[int, in
 def env_deadline_max_ms(name: str, default: int) -> int | None:
     """Return the largest accepted deadline, or None when deadlines are disabled.
 
-    Seed 003: an empty value uses the default; a malformed one disables deadlines and
+    An empty value uses the default; a malformed one disables deadlines and
     logs one warning that does not contain the value.
     """
     raw = os.environ.get(name, "")
@@ -183,7 +183,7 @@ def database_from_url(url: str) -> dict:
         "OPTIONS": {
             "connect_timeout": 5,
             # JIT would compile the pop on every call (its cost estimate, inflated by the speed
-            # gate's NOT EXISTS, crosses jit_above_cost): tens to hundreds of ms for ~1 ms.
+            # gate's NOT EXISTS, crosses jit_above_cost), which costs far more than running it.
             "options": "-c jit=off",
             # Parameters travel apart from the SQL, and psycopg prepares a statement that a
             # connection runs a fifth time (the hot routes'), so that PostgreSQL parses it once
@@ -207,7 +207,7 @@ def database_from_url(url: str) -> dict:
     }
 
 
-# --- The horde's rules (CONTRACT.md section 3) ---------------------------------------
+# --- The horde's rules (docs/reference/settings.md) ------------------------------------
 TEXT_JOB_LEASE_SECONDS = env_int("TEXT_JOB_LEASE_SECONDS", 150)
 TEXT_JOB_PREPARATION_SECONDS = env_int("TEXT_JOB_PREPARATION_SECONDS", 30)
 TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS = env_int("TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS", 600)
@@ -266,7 +266,7 @@ WEB_ASYNC_DB_THREADS = env_int("WEB_ASYNC_DB_THREADS", 2)
 # The web processes' garbage collector thresholds (hordeops/web_worker.py settle_gc): Python's
 # own but for the middle one (10), so that the objects of requests in flight reach the oldest
 # generation a tenth as often, and with them its full passes, which stop every request and
-# stream of the process for about 100 ms once thousands of streams are open (docs/benchmarks.md).
+# stream of the process (docs/benchmarks.md, "Settings the benchmarks decided").
 WEB_GC_THRESHOLDS = env_gc_thresholds("WEB_GC_THRESHOLDS", (700, 100, 10))
 # The host names this horde answers to (comma-separated). Required to serve outside debug: the
 # web app refuses to load without it (hordeops/asgi.py), as without SECRET_KEY; manage.py
@@ -383,7 +383,7 @@ CACHES = {
     }
 }
 
-# Bodies over 1 MiB are refused with 413 while they are read (CONTRACT.md section 11).
+# Bodies over 1 MiB are refused with 413 while they are read (docs/reference/horde_api.md).
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
 # A body with no new bytes for this long, or not complete this long after its headers, is a 408
 # (hordeops/asgi.py): a slow sender cannot hold a connection and a web process's memory.

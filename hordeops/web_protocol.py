@@ -2,8 +2,7 @@
 
 uvicorn's httptools protocol arms no timer on a new connection nor while a head arrives (its
 keep-alive timer is cancelled by the first byte of the next request), and keeps whatever head it
-is sent: connections sending a header byte every 10 s stayed open for good, and a 50 MB header
-was buffered and answered. Here, per connection:
+is sent, however slowly and however large. Here, per connection:
 
 - a head (request line and headers) must be complete REQUEST_HEAD_SECONDS after the connection
   opens or its first byte arrives, else 408 and the connection is closed;

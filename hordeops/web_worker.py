@@ -32,13 +32,11 @@ def _quit(signum: int, frame: FrameType | None) -> None:
 def settle_gc() -> None:
     """Set the garbage collector for a web process that holds thousands of open streams.
 
-    A pass over the oldest generation stops every thread of the process: with 1,000 streams
-    open in it (about 250 tracked objects each, uvicorn's included) it took 80-150 ms, and came
-    several times a minute, each time delaying every request and relayed delta of the process
-    that much (half the relay's p99 in bench/streams.py). So:
+    A pass over the oldest generation stops every thread of the process, and with thousands of
+    streams open it is long and frequent enough to set the relay's p99. So:
 
-    - what the app loaded is frozen out of every pass (`gc.freeze`: about 100,000 objects
-      that live as long as the process), after a collection so that no garbage is kept;
+    - what the app loaded is frozen out of every pass (`gc.freeze`: objects that live as long
+      as the process), after a collection so that no garbage is kept;
     - the thresholds are WEB_GC_THRESHOLDS. Python's middle threshold (10) promotes what is in
       flight at each tenth young pass to the oldest generation, where it counts towards the next
       full pass even once it has died; 100 promotes a tenth as much.

@@ -1,4 +1,5 @@
-"""Generation deadlines (seed 003): `X-MultiLLM-Deadline-Ms` and its internal-hop twin.
+"""Generation deadlines: `X-MultiLLM-Deadline-Ms` and its internal-hop twin
+(docs/reference/generation_deadline.md).
 
 The budget is one monotonic clock started when the request reaches the ASGI app, before its
 body is read; every later phase (auth and parsing, admission, queue wait, restarts, the

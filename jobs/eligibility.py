@@ -1,6 +1,6 @@
 """Which workers may be offered which requests: the one rule the pop and the status share.
 
-Seed 000 and the decisions it cites (contract section 7):
+The speed gate (docs/reference/worker_protocol.md):
 
 - A worker's capacity is `speed x (TEXT_JOB_LEASE_SECONDS - TEXT_JOB_PREPARATION_SECONDS)`
   tokens, its speed taken as UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND until measured

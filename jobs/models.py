@@ -274,7 +274,7 @@ class Generation(models.Model):
     fallback_tier = models.PositiveSmallIntegerField(default=1)
     capacity_limited = models.BooleanField(default=False)
     # For a generation cancelled in a worker's hands: usage confirmed or unknown, tokens
-    # relayed, any reservation and the reason. Never prompt or response text (seed 003).
+    # relayed, any reservation and the reason. Never prompt or response text.
     settlement_information = models.JSONField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     text = models.TextField(null=True, blank=True)

@@ -34,7 +34,7 @@ DONE = "done"  # the generation was submitted: text is the whole reply
 RESTARTED = "restarted"  # the generation was aborted or given back and its job requeued
 FAILED = "failed"  # the request ended without a reply: code says why
 
-# Hours a lease or relay key outlives its cap, so that late posts still find it dead.
+# How long (an hour) a lease or relay key outlives its cap, so that late posts still find it dead.
 KEY_GRACE_SECONDS = 3600
 # How long a request's relay stream is kept once its last event (done, failed) is written:
 # long enough for a follower that is just starting to read it, and no longer.

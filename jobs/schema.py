@@ -26,7 +26,7 @@ DEADLINE = OpenApiParameter(
     required=False,
     description=(
         "The requester's budget in milliseconds for the whole generation, every phase included "
-        "(seed 003; docs/reference/generation_deadline.md)."
+        "(docs/reference/generation_deadline.md)."
     ),
 )
 

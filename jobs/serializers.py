@@ -25,11 +25,10 @@ class HotInput(serializers.Serializer):
     what they nest): fields built once per class and thread.
 
     DRF deep-copies a serializer's declared fields for every instance, and on these routes
-    that copy cost more than the validation itself (290 of 520 us for a pop body on the
-    2-core bench machine; a quarter of an async request's web CPU, nested params and all).
-    These fields keep no state while they validate: no context, no partial updates, no
-    default or validator that needs its serializer. So one bound set, built on an empty
-    instance, serves every instance of the class on a thread.
+    that copy cost more than the validation itself. These fields keep no state while they
+    validate: no context, no partial updates, no default or validator that needs its
+    serializer. So one bound set, built on an empty instance, serves every instance of the
+    class on a thread.
     """
 
     _built = threading.local()

@@ -59,7 +59,7 @@ class TextAsyncView(APIView):
         parameters=[APIKEY, DEADLINE],
         auth=APIKEY_AUTH,
         request=s.TextAsyncInput,
-        # 504: the deadline header's budget ran out before the request was queued (seed 003).
+        # 504: the deadline header's budget ran out before the request was queued.
         responses={202: s.TextAsyncOutput, 200: s.TextAsyncOutput, 504: s.HordeErrorOutput, **ERRORS},
     )
     def post(self, request: Request) -> Response:

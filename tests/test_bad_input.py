@@ -1,4 +1,4 @@
-"""No input makes a horde route answer 500 (CONTRACT.md section 11).
+"""No input makes a horde route answer 500 (docs/reference/horde_api.md).
 
 Every bad input below gets a 4xx whose body is JSON in the horde's error shape,
 `{"message": ..., "rc": ...}`, with the exact status and code. Where a request reached a job,

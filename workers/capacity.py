@@ -1,4 +1,4 @@
-"""What a worker can do and when it counts as online (seed 000, contract section 7).
+"""What a worker can do and when it counts as online (docs/reference/worker_protocol.md).
 
 - A worker's capacity is `speed x (TEXT_JOB_LEASE_SECONDS - TEXT_JOB_PREPARATION_SECONDS)`
   tokens, its speed taken as UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND until measured; within

@@ -60,7 +60,7 @@ def privileged_details(account: Account) -> dict[str, Any]:
 
 
 # The online workers' public details, rendered once for every caller for this long, as the AI
-# Horde keeps its worker list cached: at 1,000 workers the list takes ~70 ms to render.
+# Horde keeps its worker list cached: rendering a large fleet's list is the route's whole cost.
 ONLINE_LIST_SECONDS = 2
 ONLINE_LIST_KEY = "hordeops:online-workers"
 

@@ -19,7 +19,7 @@ def capacity_limited_online(*, now) -> int:
 
 class WorkerGaugeCollector(Collector):
     """The capacity-limited workers online now: a gauge, beside the counter of their pops
-    (`horde_pop_lease_capacity_limited`, seed 000's), which counts every poll of such a
+    (`horde_pop_lease_capacity_limited`, the speed gate's), which counts every poll of such a
     worker, so that one slow worker polling idle adds 30 a minute."""
 
     def describe(self) -> Iterator[GaugeMetricFamily]:

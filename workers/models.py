@@ -41,7 +41,7 @@ class Account(models.Model):
     # A moderator's key may change any worker through the horde API (PUT /api/v2/workers/{id}),
     # as an AI Horde moderator's may; set in the admin.
     moderator = models.BooleanField(default=False, db_default=False)
-    # A per-account ceiling on X-MultiLLM-Deadline-Ms (seed 003): the shorter limit wins.
+    # A per-account ceiling on X-MultiLLM-Deadline-Ms: the shorter limit wins.
     deadline_limit_ms = models.PositiveIntegerField(null=True, blank=True)
     # Set by moderators: how many waiting or running requests this account may have; empty
     # means ACCOUNT_MAX_WAITING_REQUESTS (ANONYMOUS_MAX_WAITING_REQUESTS for the anonymous one).
@@ -64,7 +64,7 @@ class Account(models.Model):
 
     @property
     def waiting_requests_limit(self) -> int:
-        """The most waiting or running requests this account may have (CONTRACT.md section 12)."""
+        """The most waiting or running requests this account may have (docs/reference/horde_api.md)."""
         if self.max_waiting_requests is not None:
             return self.max_waiting_requests
         if self.is_anonymous:
@@ -104,7 +104,7 @@ class Worker(models.Model):
 
     # How many completed jobs the rolling speed averages over (the AI Horde's window).
     SPEED_WINDOW = 20
-    # Aborts are counted in windows of an hour from the first abort (seed 000: more than
+    # Aborts are counted in windows of an hour from the first abort (the abort rule: more than
     # WORKER_ABORT_MAINTENANCE_THRESHOLD within an hour means maintenance). The window
     # includes its last instant: a start exactly an hour ago still counts, the stricter reading.
     ABORT_WINDOW = timedelta(hours=1)

@@ -54,8 +54,8 @@ class RecentSkips:
 
     @staticmethod
     def key(params: dict[str, Any]) -> tuple:
-        # The values alone, in the names' order (the same names at every pop): under 1 KB a
-        # worker, 7.6 MB for SIZE of them (tracemalloc).
+        # The values alone, in the names' order (the same names at every pop): small enough
+        # that SIZE of them stay a few MB.
         return tuple(
             tuple(value) if isinstance(value, list) else value
             for name, value in sorted(params.items())

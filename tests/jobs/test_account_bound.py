@@ -1,4 +1,4 @@
-"""An account has at most its bound of waiting or running requests (CONTRACT.md section 12)."""
+"""An account has at most its bound of waiting or running requests (docs/reference/horde_api.md)."""
 
 import threading
 

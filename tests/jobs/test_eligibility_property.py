@@ -1,4 +1,5 @@
-"""The pop and the eligibility count agree, and both follow the speed-gate rule (contract s. 7).
+"""The pop and the eligibility count agree, and both follow the speed gate
+(docs/reference/worker_protocol.md).
 
 A worker is counted as eligible for a request by the status side exactly when the pop would
 offer it that request: it passes the request's plain filters and no online worker of a better
@@ -7,7 +8,7 @@ tier passes them too. The property is checked over generated fleets and one queu
 - the pop's own SQL (`jobs.sql.pop`), probed once per worker without its check-in
   and rolled back, gives the set of workers it would offer the request to, with their tiers;
 - `eligible_workers` must count the online ones of that set, their threads and their tier 1s;
-- a pure-Python oracle of the rule as seed 000 states it must give the same set and tiers, so
+- a pure-Python oracle of the rule as the speed gate states it must give the same set and tiers, so
   a rule that is consistent between pop and status but wrong is caught too.
 """
 
@@ -32,7 +33,7 @@ NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 POOL = ["a", "b", "c"]
 
 
-# --- The oracle: the rule as the contract and seed 000 state it --------------------------------
+# --- The oracle: the speed gate's rule as written --------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Generation deadlines (seed 003, CONTRACT.md section 8): `X-MultiLLM-Deadline-Ms` end to end.
+"""Generation deadlines (docs/reference/generation_deadline.md): `X-MultiLLM-Deadline-Ms` end to end.
 
 Deadlines run on the real monotonic clock, so every test that lets one run out uses a budget of
 a few hundred milliseconds to a few seconds and bounded waits; nothing sleeps for a lease.

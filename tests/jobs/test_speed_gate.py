@@ -1,4 +1,4 @@
-"""Seed 000's speed gate as a preference (contract section 7), and its records."""
+"""The speed gate as a preference (docs/reference/worker_protocol.md), and its records."""
 
 from datetime import timedelta
 

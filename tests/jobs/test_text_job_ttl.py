@@ -1,4 +1,4 @@
-"""Seed 000: the text job lease, renewed by delivered output under a cap set at the pop."""
+"""The text job lease, renewed by delivered output under a cap set at the pop."""
 
 from datetime import datetime
 
@@ -170,7 +170,7 @@ def test_the_stale_pass_reads_the_renewed_job_ttl(chat_job, trusted_owner, clock
 
 
 def test_a_renewal_between_whole_seconds_ends_the_lease_to_the_millisecond(chat_job, trusted_owner, clock):
-    # Seed 000: aborted within lease + one pass of the last output. A job_ttl rounded up to
+    # The lease rule: aborted within lease + one pass of the last output. A job_ttl rounded up to
     # whole seconds held this job until 151 s.
     job = chat_job(trusted_owner)
     clock.shift(0.29)

@@ -1,6 +1,6 @@
 """Latency of the worker routes, pop, progress and submit, against a live ASGI server.
 
-Run:  .venv/bin/python bench/route_latency.py [--calls 200] [--queued 200] [--web-workers 1]
+Run:  .venv/bin/python bench/studies/route_latency.py [--calls 200] [--queued 200] [--web-workers 1]
 
 It uses its own database (hordeops_bench, created and migrated if missing) and Redis
 database 13, starts uvicorn on a free loopback port, queues --queued requests, then times
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.common import bench_env, free_port, percentile, prepare_database  # noqa: E402
 

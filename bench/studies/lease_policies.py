@@ -1,6 +1,6 @@
 """Flat leases against progress-renewed leases with caps, on the fleet simulator's real stack.
 
-Run:  .venv/bin/python bench/lease_policies.py [--requests 160] [--workers 30] [--seconds 240]
+Run:  .venv/bin/python bench/studies/lease_policies.py [--requests 160] [--workers 30] [--seconds 240]
 
 (about ten minutes; the JSON goes to stdout, the plot to docs/lease_policies.png.)
 
@@ -10,7 +10,7 @@ trusted cap of 600 s is 40 s, an untrusted cap of 200 s is 13 s, the stale pass 
 
     flat      the AI Horde's rule: every job has its 10 s ("150 s") from the pop, whatever it
               delivers (both caps set to the lease, so progress posts renew nothing)
-    renewed   seed 000's rule: each progress post with new output moves the lease end to
+    renewed   the renewal rule: each progress post with new output moves the lease end to
               now + 10 s, up to the cap (40 s trusted, 13 s untrusted)
 
 The fleet: --workers chat workers in 3 processes, half trusted, each with a speed drawn once
@@ -38,7 +38,7 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.fleet import MODEL, _prepare, _start_stack, json_lines, popped_jobs, read_lines  # noqa: E402
 

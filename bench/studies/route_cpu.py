@@ -1,6 +1,6 @@
 """CPU per request of pop, progress and submit: the web process's and PostgreSQL's, one at a time.
 
-Run:  .venv/bin/python bench/route_cpu.py [--calls 600] [--queued 10000]
+Run:  .venv/bin/python bench/studies/route_cpu.py [--calls 600] [--queued 10000]
 
 (under a minute; the JSON goes to stdout.)
 
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     HTTPConnection,

@@ -1,6 +1,6 @@
 """Does the pop stay fast as the queue and the fleet grow? Small versus large, in-process.
 
-Run:  .venv/bin/python bench/pop_scale.py [--pops 200] [--block 25] [--seed 7] [--keep]
+Run:  .venv/bin/python bench/studies/pop_scale.py [--pops 200] [--block 25] [--seed 7] [--keep]
 
 (about a minute and a half; the JSON goes to stdout, the path of the plans file to stderr.)
 
@@ -50,7 +50,7 @@ from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.common import bench_env, percentile, prepare_database  # noqa: E402
 
