@@ -1,0 +1,98 @@
+"""The worker routes' statements after the pop: who posts, a renewal, a result."""
+
+from functools import cache
+
+from hordeops.rows import columns
+from jobs.models import Generation, TextRequest
+from jobs.sql.names import (
+    ACCOUNTS,
+    ACTIVE,
+    DONE,
+    GENERATIONS,
+    PROCESSING,
+    REQUEST_DONE,
+    REQUESTS,
+    WORKERS,
+)
+from workers.models import Account, Worker
+
+# -- Who posts: the worker routes' first read --------------------------------------------------
+
+# The caller's account, the generation, its worker and its request, each with the fields the
+# posts read (None: all of them); the rest load on access.
+WORKER_POST_PARTS = (
+    (Account, ("id",)),
+    (Generation, None),
+    (Worker, ("account", "chat")),
+    (TextRequest, ("kind", "state", "max_length", "deadline_at")),
+)
+
+
+@cache
+def worker_post() -> str:
+    """The caller's row is the one row, the generation joined to it: an unknown key gives no
+    row whether or not the generation exists, as authenticating first would."""
+    (_, caller_fields), _, (_, worker_fields), (_, request_fields) = WORKER_POST_PARTS
+    return (
+        f"SELECT {columns(Account, 'a', caller_fields)}, {columns(Generation, 'g')}, "
+        f"{columns(Worker, 'w', worker_fields)}, {columns(TextRequest, 'r', request_fields)} "
+        f"FROM {ACCOUNTS} AS a "
+        f"LEFT JOIN ({GENERATIONS} AS g "
+        f"JOIN {WORKERS} AS w ON w.id = g.worker_id "
+        f"JOIN {REQUESTS} AS r ON r.id = g.request_id) ON g.id = %(id)s "
+        "WHERE a.api_key_hash = %(api_key_hash)s"
+    )
+
+
+# -- Progress and submit -------------------------------------------------------------------
+
+
+@cache
+def renew() -> str:
+    """The lease a granted renewal moved (`%s` job_ttl, `%s` id), written where the stale pass
+    reads it (raw: the ORM's compiling of this update cost more than running it)."""
+    return (
+        f"UPDATE {GENERATIONS} SET job_ttl = %s, renewals = renewals + 1"
+        f" WHERE id = %s AND state = '{PROCESSING}'"
+    )
+
+
+@cache
+def accept() -> str:
+    """A submit's result, in one statement: the compare-and-set on the generation (whichever of
+    the submit and the stale pass gets the row first wins; the other sees state != processing
+    and changes nothing), the request's count and the worker's speed. Returns 1 if accepted."""
+    return f"""
+    WITH accepted AS (
+        UPDATE {GENERATIONS} SET
+            state = '{DONE}', finished_at = %(now)s, text = %(text)s, result = %(result)s,
+            seed = %(seed)s, gen_metadata = %(gen_metadata)s::jsonb, tokens = %(tokens)s,
+            reward = %(reward)s
+        WHERE id = %(id)s AND state = '{PROCESSING}'
+        RETURNING request_id, worker_id
+    ),
+    counted AS (
+        UPDATE {REQUESTS} AS t SET
+            finished = t.finished + 1,
+            state = CASE WHEN t.state = '{ACTIVE}' AND t.finished >= t.n - 1 AND t.queued = 0
+                         THEN '{REQUEST_DONE}' ELSE t.state END
+        FROM accepted AS a WHERE t.id = a.request_id
+        RETURNING t.id
+    ),
+    -- The speed is computed from the row itself, so concurrent submits by one worker both land.
+    measured AS (
+        UPDATE {WORKERS} AS w SET
+            speed_samples = (w.speed_samples || %(sample)s::float8)
+                [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):],
+            speed = (SELECT avg(x) FROM unnest(
+                (w.speed_samples || %(sample)s::float8)
+                    [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):]) AS x),
+            completed_jobs = w.completed_jobs + 1,
+            tokens_generated = w.tokens_generated + %(tokens)s,
+            kudos_rewards = w.kudos_rewards + %(reward)s
+        FROM accepted AS a WHERE w.id = a.worker_id
+        RETURNING w.id
+    )
+    -- Data-modifying WITH statements always run to completion, read or not.
+    SELECT count(*) FROM accepted
+"""

@@ -1,0 +1,214 @@
+"""The pop (check-in, claim, why nothing was offered) and the queueing of a request."""
+
+from functools import cache
+
+from hordeops.rows import columns, insert_columns
+from jobs import eligibility
+from jobs.models import QUEUE_SHAPE, TextRequest
+from jobs.sql.names import (
+    ACCOUNTS,
+    ACTIVE,
+    GENERATIONS,
+    PROCESSING,
+    QUEUED_MODELS,
+    REQUESTS,
+    TEXT,
+    folded,
+)
+
+# -- The pop ---------------------------------------------------------------------------------
+
+
+# The popping worker as values (`pop_params`), as rows `w` and `wa` of the statements below.
+_POPPING_WORKER = """
+             (SELECT %(w_id)s::uuid AS id, %(w_account_id)s::bigint AS account_id,
+                     %(w_speed)s::double precision AS speed, %(w_max_length)s::integer AS max_length,
+                     %(w_max_context_length)s::integer AS max_context_length,
+                     %(w_served_models)s::varchar[] AS served_models,
+                     %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat) AS w,
+             (SELECT %(wa_trusted)s::boolean AS trusted) AS wa"""
+
+# How many waiting requests, from the head of the queue, a pop that found nothing explains.
+SKIPPED_SCAN = 100
+
+
+@cache
+def skipped() -> str:
+    """Why the first SKIPPED_SCAN waiting requests (in queue order, on `request_pop_queue`) were
+    passed over by a pop that found nothing: (reason, count) per `eligibility.SKIP_REASONS`.
+    Chat jobs are not counted for a worker that does not serve chat: they do not exist for it."""
+    return f"""
+        SELECT s.reason, count(*) FROM (
+            SELECT {eligibility.skip_reason_sql("r", "w", "wa")} AS reason
+            FROM {REQUESTS} AS r,{_POPPING_WORKER}
+            WHERE r.state = '{ACTIVE}' AND r.queued > 0 AND r.expires_at > %(now)s
+              AND (r.kind = '{TEXT}' OR w.chat)
+            ORDER BY r.fair_rank ASC, r.priority DESC, r.created_at ASC
+            LIMIT {SKIPPED_SCAN}
+        ) AS s GROUP BY s.reason
+    """
+
+
+# How many of a model's rows, from the head of its queue, a pop reads one by one before it
+# walks the model's shapes instead. Where it finds an offer among them (the common case)
+# the shapes cost nothing; where the head is all requests it may not take, the shapes keep
+# its cost flat however long the queue.
+NEAR_ROWS = 16
+
+_QUEUE_ORDER = "q.fair_rank ASC, q.priority DESC, q.created_at ASC"
+_SHAPE = ", ".join(f"q.{column}" for column in QUEUE_SHAPE)
+
+
+def _walk(rows: str, where: str, order: str = _QUEUE_ORDER) -> str:
+    """The first request of `rows` (jobs_queuedmodel rows `q`, in queue order) that the
+    popping worker may be offered, locked; with its tier for it."""
+    return f"""
+            SELECT r.*, {eligibility.tier_sql("r", "w", "wa")} AS fallback_tier
+            FROM {rows} AS q JOIN {REQUESTS} AS r ON r.id = q.request_id
+            WHERE {where} AND r.state = '{ACTIVE}' AND r.queued > 0
+              AND ((r.expires_at > %(now)s AND {eligibility.offer_sql("r", "w", "wa")})
+                   OR %(plan_hint)s::boolean)
+            ORDER BY {order}
+            LIMIT 1
+            FOR UPDATE OF r SKIP LOCKED"""
+
+
+@cache
+def pop() -> str:
+    """The best request this worker may be offered now, locked; with its tier for it.
+
+    Queue order is fair across accounts, then priority, then age (`fair_rank`: an account's
+    waiting or running requests when the request was queued). The walk reaches only requests
+    that name one of the worker's models, or none: for each of its models, and for '', the
+    rows of `jobs_queuedmodel` under that model, on its indexes, to the first request it may
+    be offered, locked with SKIP LOCKED (so that concurrent pops pass each other's rows
+    instead of waiting or taking one twice); the best of those few is the one. A request that
+    names several of the worker's models is met once per model, and is the same row. The rows
+    the others locked are freed with the statement's transaction.
+
+    Per model, two walks. `near`: the first NEAR_ROWS rows in queue order (`queued_model_order`),
+    each decided by the offer rule. `far`, only where `near` found nothing: the model's shapes
+    (`jobs.models.QUEUE_SHAPE`), read by a skip scan of `queued_model_shape` (one index probe
+    per shape, a recursive CTE), the rule decided once per shape (`eligibility.shape_offer_sql`),
+    and each shape it may be offered walked in queue order to its first offer; the best of
+    those. So requests the worker may not take (too long for it, gated to a faster worker, for
+    trusted workers) cost one probe per shape, not one check each.
+
+    `OR %(plan_hint)s` (always false) is a hint for the generic plan, which does not know
+    the worker's values: it would guess that almost no request passes the offer rule, and
+    then read every row of the model and sort them rather than walk the index to the first
+    offer. A condition that may be true makes it guess that many pass, and walk the index.
+    With the value known, as in a custom plan, the hint folds away.
+    """
+    # `fair_rank >= 0`: always true, the predicate of `queued_model_order` (jobs.models).
+    near = f"""(SELECT * FROM {QUEUED_MODELS} AS q WHERE q.model = m.model AND q.fair_rank >= 0
+                    ORDER BY {_QUEUE_ORDER} LIMIT {NEAR_ROWS})"""
+    same_shape = " AND ".join(f"q.{column} = s.{column}" for column in QUEUE_SHAPE)
+    shape_order = f"{_SHAPE}, {_QUEUE_ORDER}"  # the index's order (the shape's are all equal)
+    return f"""
+        SELECT c.* FROM{_POPPING_WORKER},
+        unnest(%(w_served_models)s::varchar[] || ARRAY['']::varchar[]) AS m(model)
+        LEFT JOIN LATERAL ({_walk(near, "true")}
+        ) AS near ON true
+        LEFT JOIN LATERAL (
+            WITH RECURSIVE shapes AS (
+                (SELECT {_SHAPE} FROM {QUEUED_MODELS} AS q
+                 WHERE q.model = m.model AND near.id IS NULL ORDER BY {_SHAPE} LIMIT 1)
+                UNION ALL
+                SELECT n.* FROM shapes AS p, LATERAL (
+                    SELECT {_SHAPE} FROM {QUEUED_MODELS} AS q
+                    WHERE q.model = m.model AND ({_SHAPE}) > ({", ".join(f"p.{c}" for c in QUEUE_SHAPE)})
+                    ORDER BY {_SHAPE} LIMIT 1
+                ) AS n
+            )
+            SELECT f.* FROM (
+                SELECT shapes.*, CASE WHEN m.model = '' THEN ARRAY[]::varchar[]
+                                      ELSE ARRAY[m.model]::varchar[] END AS requested_models
+                FROM shapes
+            ) AS s,
+            LATERAL ({_walk(QUEUED_MODELS, "q.model = m.model AND " + same_shape, shape_order)}
+            ) AS f
+            WHERE s.targeted OR {eligibility.shape_offer_sql("s", "w", "wa")}
+            ORDER BY f.fair_rank ASC, f.priority DESC, f.created_at ASC
+            LIMIT 1
+        ) AS far ON true,
+        LATERAL (SELECT near.* WHERE near.id IS NOT NULL
+                 UNION ALL SELECT far.* WHERE far.id IS NOT NULL) AS c
+        ORDER BY c.fair_rank ASC, c.priority DESC, c.created_at ASC
+        LIMIT 1
+    """
+
+
+# What the claim returns after the request's own columns, in order.
+CLAIMED = ("fallback_tier", "take", "generation_model", "generation_ids")
+
+
+@cache
+def claim() -> str:
+    """Lock the best request (`pop`), take up to `amount` of its jobs, insert their
+    generations; return the request with `CLAIMED`.
+
+    The model is the first the worker serves that the request asks for (or the worker's
+    first, for a request that names none). Columns the INSERT leaves out take their
+    database defaults (the models' `db_default`, or NULL).
+    """
+    # Whitespace folded: the statement psycopg parses and PostgreSQL receives is a third shorter
+    # (its parsing is cached: hordeops.db.base.STATEMENT_CACHE_BYTES).
+    return folded(f"""
+        WITH picked AS ({pop()}),
+        taken AS (
+            UPDATE {REQUESTS} AS t
+            SET queued = t.queued - LEAST(%(amount)s, p.queued)
+            FROM picked AS p WHERE t.id = p.id
+            RETURNING t.id, LEAST(%(amount)s, p.queued) AS take
+        ),
+        chosen AS (
+            SELECT COALESCE((
+                SELECT m FROM unnest(%(w_served_models)s::varchar[]) WITH ORDINALITY AS s(m, i)
+                WHERE cardinality(p.requested_models) = 0 OR m = ANY(p.requested_models)
+                ORDER BY i LIMIT 1), '') AS model
+            FROM picked AS p
+        ),
+        started AS (
+            INSERT INTO {GENERATIONS} (
+                id, request_id, worker_id, model, state, popped_at, job_ttl, cap_seconds,
+                trusted_at_pop, capacity_at_pop, fallback_tier, capacity_limited)
+            SELECT gen_random_uuid(), p.id, %(w_id)s, c.model, '{PROCESSING}', %(now)s, %(job_ttl)s,
+                   %(cap_seconds)s, %(wa_trusted)s, %(capacity)s, p.fallback_tier, %(capacity_limited)s
+            FROM picked AS p, taken AS t, chosen AS c, generate_series(1, t.take)
+            RETURNING id
+        )
+        SELECT {columns(TextRequest, "p")}, p.fallback_tier, t.take, c.model,
+               ARRAY(SELECT id FROM started)
+        FROM picked AS p, taken AS t, chosen AS c
+    """)
+
+
+# -- Queueing a request ------------------------------------------------------------------------
+
+# The account's row, locked until the transaction ends: requests of one account queue one at a
+# time, so two cannot both take its last place (nor the same rank).
+LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR UPDATE"
+
+
+@cache
+def queue_request() -> str:
+    """Insert the request (`insert_values` of it, but its fair rank) at its fair rank, the
+    account's waiting or running requests (counted to %(limit)s, on `request_active_by_account`),
+    if they are fewer than %(limit)s; return the rank, or nothing where the account is at its bound.
+
+    Run after LOCK_ACCOUNT in the same transaction: a statement of its own, so that its
+    snapshot, taken once the lock is held, sees every request the account queued before.
+    """
+    names, values = insert_columns(TextRequest, exclude=("fair_rank",))
+    return folded(f"""
+        INSERT INTO {REQUESTS} ({names}, fair_rank)
+        SELECT {values}, a.active FROM (
+            SELECT count(*) AS active FROM (
+                SELECT 1 FROM {REQUESTS} AS r
+                WHERE r.account_id = %(account_id)s AND r.state = '{ACTIVE}' LIMIT %(limit)s
+            ) AS r
+        ) AS a
+        WHERE a.active < %(limit)s
+        RETURNING fair_rank
+    """)
