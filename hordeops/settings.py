@@ -1,158 +1,31 @@
 """Settings for hordeops, every one read from an environment variable.
 
 The names and defaults of the horde's own rules are listed in docs/reference/settings.md.
-Nothing outside this module reads the environment.
+Nothing outside this module and its helpers (`hordeops.env`) reads the environment.
 """
 
-import logging
-import os
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
+import dj_database_url
 from celery.schedules import schedule
 from django.core.exceptions import ImproperlyConfigured
 
-from hordeops.parsing import ascii_int
+from hordeops.env import (
+    env_bool,
+    env_deadline_max_ms,
+    env_float,
+    env_gc_thresholds,
+    env_int,
+    env_list,
+    env_networks,
+    env_proxy_ssl_header,
+    env_route_limits,
+    env_secret_key,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-logger = logging.getLogger("hordeops.settings")
-
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an integer") from None
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number") from None
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    if raw.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if raw.lower() in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name} must be true or false")
-
-
-# The largest maximum accepted: about 24 days, far beyond any generation, and safe for
-# the date arithmetic a deadline goes through.
-DEADLINE_MS_CEILING = 2**31 - 1
-
-
-def _ascii_int(raw: str) -> int | None:
-    return ascii_int(raw, max_digits=15)
-
-
-def env_gc_thresholds(name: str, default: tuple[int, int, int]) -> tuple[int, int, int]:
-    """Three positive whole numbers, comma-separated: `gc.set_threshold`'s (0 would turn collection off)."""
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    values = [_ascii_int(part.strip()) for part in raw.split(",")]
-    if len(values) != 3 or not all(values):  # None (not a number) or 0
-        raise ImproperlyConfigured(
-            f"{name} must be three positive whole numbers, comma-separated (e.g. 700,100,10)"
-        )
-    return values[0], values[1], values[2]
-
-
-def env_deadline_max_ms(name: str, default: int) -> int | None:
-    """Return the largest accepted deadline, or None when deadlines are disabled.
-
-    An empty value uses the default; a malformed one disables deadlines and
-    logs one warning that does not contain the value.
-    """
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    value = _ascii_int(raw)
-    if value is not None and 1 <= value <= DEADLINE_MS_CEILING:
-        return value
-    logger.warning("%s is malformed; generation deadlines are disabled", name)
-    return None
-
-
-def env_route_limits(name: str) -> dict[str, int]:
-    """`/v1/messages=30000,/v1/responses=60000`: per-route deadline ceilings in ms."""
-    limits = {}
-    for item in filter(None, (part.strip() for part in os.environ.get(name, "").split(","))):
-        path, _, raw_ms = item.partition("=")
-        ms = _ascii_int(raw_ms.strip())
-        if ms is None or not 1 <= ms <= DEADLINE_MS_CEILING:
-            raise ImproperlyConfigured(f"{name} must be path=milliseconds pairs")
-        limits[path.strip().rstrip("/")] = ms
-    return limits
-
-
-DEVELOPMENT_SECRET_KEY = "hordeops-development-key-not-secret"
-
-
-def env_secret_key(name: str, path: Path) -> str:
-    """The key that signs sessions and CSRF tokens: the variable, else the file `bin/stack` writes.
-
-    A public default would let anyone forge a moderator's session, so without either one only
-    a debug process starts, on a key that is marked as not secret.
-    """
-    key = os.environ.get(name, "").strip()
-    if not key and path.is_file():
-        key = path.read_text().strip()
-    if key:
-        return key
-    if env_bool("DJANGO_DEBUG", False):
-        return DEVELOPMENT_SECRET_KEY
-    raise ImproperlyConfigured(
-        f"{name} is not set and {path} does not exist: set {name}, or run bin/stack once to "
-        "generate that file (DJANGO_DEBUG=true runs on a development key)"
-    )
-
-
-def env_list(name: str) -> list[str]:
-    """Comma-separated values, stripped, empty ones left out."""
-    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
-
-
-def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
-    """A header name (`X-Forwarded-Proto`) as Django's SECURE_PROXY_SSL_HEADER: (its META key, "https")."""
-    header = os.environ.get(name, "").strip()
-    if not header:
-        return None
-    if not header.replace("-", "").isascii() or not header.replace("-", "").isalnum():
-        raise ImproperlyConfigured(f"{name} must be a header name, such as X-Forwarded-Proto")
-    return "HTTP_" + header.upper().replace("-", "_"), "https"
-
-
-def env_networks(name: str) -> tuple:
-    """`10.0.0.1,192.168.0.0/16`: addresses and networks, as ip_network objects."""
-    import ipaddress
-
-    networks = []
-    for item in filter(None, (part.strip() for part in os.environ.get(name, "").split(","))):
-        try:
-            networks.append(ipaddress.ip_network(item, strict=False))
-        except ValueError:
-            raise ImproperlyConfigured(f"{name} must be IP addresses or networks, comma-separated") from None
-    return tuple(networks)
-
 
 # The longest any request waits for a pooled connection: an outage answers 503 this soon.
 DATABASE_POOL_WAIT_SECONDS = env_float("DATABASE_POOL_WAIT_SECONDS", 2.0)
@@ -164,27 +37,31 @@ DATABASE_WATCH_SECONDS = env_float("DATABASE_WATCH_SECONDS", 1.0)
 
 
 def database_from_url(url: str) -> dict:
-    parts = urlsplit(url)
-    if parts.scheme not in {"postgres", "postgresql"}:
+    """The database of a postgres:// URL, read by dj-database-url: the libpq parameters of its
+    query string (`sslmode`, ...) are kept beside the backend, pool and statement settings."""
+    if urlsplit(url).scheme not in {"postgres", "postgresql"}:
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
+    parsed = dj_database_url.parse(url, engine="hordeops.db")
+    given = parsed.get("OPTIONS", {})
     return {
         # Django's PostgreSQL backend, its pool's wait bounded per request (hordeops/dbwait.py)
         # and each connection checked as it is handed out, so that after a PostgreSQL restart
         # no request gets one the restart closed (hordeops/db/base.py).
         "ENGINE": "hordeops.db",
-        "NAME": unquote(parts.path.lstrip("/")) or "hordeops",
-        "USER": unquote(parts.username or "postgres"),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": parts.hostname or "127.0.0.1",
-        "PORT": str(parts.port or 5432),
+        "NAME": parsed["NAME"] or "hordeops",
+        "USER": parsed["USER"] or "postgres",
+        "PASSWORD": parsed["PASSWORD"] or "",
+        "HOST": parsed["HOST"] or "127.0.0.1",
+        "PORT": str(parsed["PORT"] or 5432),
         # Under ASGI each request's sync code may run on a thread of its own, so persistent
         # per-thread connections would pile up; a process-wide pool reuses them instead.
         "CONN_MAX_AGE": 0,
         "OPTIONS": {
-            "connect_timeout": 5,
+            **given,
+            "connect_timeout": int(given.get("connect_timeout", 5)),
             # JIT would compile the pop on every call (its cost estimate, inflated by the speed
             # gate's NOT EXISTS, crosses jit_above_cost), which costs far more than running it.
-            "options": "-c jit=off",
+            "options": " ".join(filter(None, (given.get("options"), "-c jit=off"))),
             # Parameters travel apart from the SQL, and psycopg prepares a statement that a
             # connection runs a fifth time (the hot routes'), so that PostgreSQL parses it once
             # and then reuses a generic plan where it is as good as planning each call (the

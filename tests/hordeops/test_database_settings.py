@@ -1,6 +1,10 @@
-"""Connection settings the pop relies on."""
+"""Connection settings: the database URL, and what the pop relies on."""
 
+import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
+
+from hordeops.settings import database_from_url
 
 
 def test_connections_run_without_jit(db):
@@ -9,3 +13,32 @@ def test_connections_run_without_jit(db):
     with connection.cursor() as cursor:
         cursor.execute("SHOW jit")
         assert cursor.fetchone() == ("off",)
+
+
+def test_a_database_url_keeps_its_libpq_parameters_beside_the_hordes_own():
+    database = database_from_url(
+        "postgresql://horde:p%40ss@db.example:6432/prod?sslmode=require&options=-c%20statement_timeout%3D5000"
+    )
+    assert (database["NAME"], database["USER"], database["PASSWORD"]) == ("prod", "horde", "p@ss")
+    assert (database["HOST"], database["PORT"], database["ENGINE"]) == ("db.example", "6432", "hordeops.db")
+    options = database["OPTIONS"]
+    assert options["sslmode"] == "require"
+    assert options["options"] == "-c statement_timeout=5000 -c jit=off"
+    assert options["prepare_threshold"] == 5 and options["pool"]["max_size"] >= 1
+
+
+def test_a_bare_database_url_takes_the_local_defaults():
+    database = database_from_url("postgres:///")
+    assert (database["NAME"], database["USER"], database["HOST"], database["PORT"]) == (
+        "hordeops",
+        "postgres",
+        "127.0.0.1",
+        "5432",
+    )
+    assert database["OPTIONS"]["options"] == "-c jit=off"
+
+
+@pytest.mark.parametrize("url", ["mysql://root@localhost/horde", "sqlite:///horde.db", "not a url"])
+def test_a_database_url_that_is_not_postgresql_is_refused(url):
+    with pytest.raises(ImproperlyConfigured, match="postgres://"):
+        database_from_url(url)

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
-from hordeops.settings import env_gc_thresholds
+from hordeops.env import env_gc_thresholds
 from tests.hordeops.test_keep_alive import ROOT, _free_port, heartbeat_connection
 from tests.live import database_url
 

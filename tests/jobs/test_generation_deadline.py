@@ -28,7 +28,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.test import Client
 
 from hordeops import asyncdb, clock
-from hordeops.settings import env_deadline_max_ms, env_route_limits
+from hordeops.env import env_deadline_max_ms, env_route_limits
 from jobs import deadlines, services
 from jobs.models import Generation, TextRequest
 from tests.live import Background, ChatWorker
