@@ -1,0 +1,141 @@
+"""OpenAI-compatible model servers: llama.cpp's, vLLM, Ollama, LM Studio and the like."""
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from hordeops_bridge.backends.base import (
+    Backend,
+    BackendError,
+    BackendInfo,
+    Delta,
+    short_name,
+)
+from hordeops_bridge.job import Request
+
+
+class OpenAIBackend(Backend):
+    """An OpenAI-compatible server: `/v1/chat/completions` for chats, `/v1/completions` for prompts."""
+
+    kind = "openai"
+    # llama-server and vLLM, then llama-cpp-python's server.
+    TOKENIZERS = ("/tokenize", "/extras/tokenize")
+    # Engines whose name `/v1/models` gives as `owned_by`, used as the model name's backend part.
+    ENGINES = frozenset({"llamacpp", "vllm", "sglang", "tabbyapi", "aphrodite", "koboldcpp"})
+    HONOURED = {"temperature", "top_p", "top_k", "min_p", "typical", "rep_pen", "singleline"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.served = ""  # the model id the server itself uses, sent back in each request
+
+    async def describe(self) -> BackendInfo:
+        listing = await self._get("/v1/models")
+        models = listing.get("data") if isinstance(listing, dict) else None
+        if not models or not isinstance(models[0], dict) or not models[0].get("id"):
+            raise BackendError("GET /v1/models: no model is served")
+        first = self._pick([model for model in models if isinstance(model, dict) and model.get("id")])
+        self.served = str(first["id"])
+        owner = str(first.get("owned_by") or "")
+        engine = owner if owner in self.ENGINES else "openai"
+        context = first.get("max_model_len")  # vLLM, SGLang
+        if not isinstance(context, int):
+            props = await self._optional_get("/props")  # llama-server
+            settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+            context = settings.get("n_ctx") if isinstance(settings, dict) else None
+        return BackendInfo(
+            model=f"{engine}/{short_name(str(first['id']))}",
+            max_length=None,
+            max_context_length=context if isinstance(context, int) and context > 0 else None,
+        )
+
+    def _pick(self, models: list[dict[str, Any]]) -> dict[str, Any]:
+        """The listed model named like `--model` (Ollama, LM Studio and TabbyAPI list all they
+        have), else the first: a server that loads one model lists that one."""
+        name = self.wanted.split("/", 1)[-1]
+        for model in models:
+            if name and name in (model["id"], short_name(str(model["id"]))):
+                return model
+        return models[0]
+
+    def body(self, request: Request, *, model: str) -> dict[str, Any]:
+        sampling = request.sampling
+        self.note_not_honoured(sampling, self.HONOURED)
+        body: dict[str, Any] = {"model": model, "max_tokens": request.max_tokens, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        if sampling.get("temperature") is not None:
+            body["temperature"] = sampling["temperature"]
+        if sampling.get("top_p") is not None:
+            body["top_p"] = sampling["top_p"]
+        if sampling.get("top_k"):
+            body["top_k"] = sampling["top_k"]
+        if sampling.get("min_p"):
+            body["min_p"] = sampling["min_p"]
+        if sampling.get("typical") not in (None, 1.0):
+            body["typical_p"] = sampling["typical"]
+        if sampling.get("rep_pen") not in (None, 1.0):
+            # vLLM, SGLang and TabbyAPI read the first, the llama.cpp servers the second.
+            body["repetition_penalty"] = body["repeat_penalty"] = sampling["rep_pen"]
+        stop = list(request.stop)
+        if sampling.get("singleline") and "\n" not in stop:
+            stop.append("\n")
+        if stop:
+            body["stop"] = stop
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.messages is not None:
+            body["messages"] = request.messages
+        else:
+            body["prompt"] = request.prompt
+        return body
+
+    async def generate(self, request: Request, *, budget: int) -> AsyncIterator[Delta]:
+        path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
+        body = self.body(request, model=self.served or "default")
+        tokens = 0
+        finished = False
+        try:
+            async with self.http.stream("POST", path, json=body) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise BackendError(f"POST {path}: HTTP {response.status_code}")
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:") :].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        raise BackendError(f"POST {path}: a stream chunk is not JSON") from None
+                    if chunk.get("error"):
+                        raise BackendError(f"POST {path}: the stream ended with an error")
+                    usage = chunk.get("usage")
+                    choices = chunk.get("choices") or []
+                    if not choices:
+                        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                            yield Delta("", usage["completion_tokens"])
+                        continue
+                    choice = choices[0]
+                    text = (
+                        (choice.get("delta") or {}).get("content")
+                        if "delta" in choice
+                        else choice.get("text")
+                    )
+                    # One chunk a token, as these servers stream (an empty one holds part of a
+                    # character); the closing chunk that only says why it finished is none.
+                    if text or (text is not None and not choice.get("finish_reason")):
+                        tokens += 1
+                    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                        tokens = usage["completion_tokens"]
+                    finished = finished or bool(choice.get("finish_reason"))
+                    if text or choice.get("finish_reason"):
+                        yield Delta(text or "", tokens, choice.get("finish_reason"))
+        except httpx.TransportError as exc:
+            raise BackendError(f"POST {path}: {type(exc).__name__}") from None
+        if not finished:
+            # Every OpenAI-compatible server ends a reply with a reason; a stream without one
+            # was cut short (a server that drops a request for a newer one, for example).
+            raise BackendError(f"POST {path}: the stream ended before the reply was finished")
