@@ -33,7 +33,7 @@ def worker_details(worker: Worker, *, now: datetime, privileged: bool) -> dict[s
         "uncompleted_jobs": worker.uncompleted_jobs,
         "kudos_rewards": round(worker.kudos_rewards, 2),
         "kudos_details": {"generated": round(worker.kudos_rewards, 2), "uptime": 0},
-        "performance": f"{round(float(worker.speed or 0), 1)} tokens per second",
+        "performance": worker.performance,
         "threads": worker.threads,
         # Seconds from its first pop to its last: hordeops does not sum online spells.
         "uptime": max(0, int((worker.last_pop_at - worker.created_at).total_seconds())),

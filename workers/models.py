@@ -163,6 +163,13 @@ class Worker(models.Model):
         """Chat capacity in tokens (speed x the base lease's generating window)."""
         return capacity(self.speed)
 
+    @property
+    def performance(self) -> str:
+        """Its speed as the AI Horde words it, or that it has none yet."""
+        if not self.completed_jobs:
+            return "No requests fulfilled yet"
+        return f"{round(float(self.speed or 0), 1)} tokens per second"
+
     def is_online(self, now: datetime) -> bool:
         return self.last_pop_at >= online_since(now)
 

@@ -86,14 +86,15 @@ class WorkersView(APIView):
         auth=OPTIONAL_APIKEY_AUTH,
         parameters=[
             APIKEY_OPTIONAL,
-            OpenApiParameter("type", str, enum=["text", "image", "interrogation", "all"]),
+            OpenApiParameter("type", str, enum=["text", "image", "interrogation", "all", ""]),
             OpenApiParameter("name", str),
         ],
         responses={200: OBJECT_LIST, **ERRORS},
     )
     def get(self, request: Request) -> Response:
         """The workers online now (the AI Horde's list); hordeops has text workers only."""
-        kind = request.query_params.get("type", "all")
+        # horde_sdk's "all" is the empty string, which the AI Horde reads as no filter.
+        kind = request.query_params.get("type") or "all"
         if kind not in (TEXT, "image", "interrogation", "all"):
             raise errors.BadRequest("type must be one of text, image, interrogation or all.")
         if kind not in (TEXT, "all"):

@@ -35,9 +35,9 @@ def submit_generation(
 
     The job of a request cancelled meanwhile (by its requester or its deadline) is refused
     with GenerationCancelled, which tells a chat worker to stop; a legacy worker's submit of it
-    is accepted instead, as the AI Horde accepts it, and its text goes to no one: the official
-    worker retries any other answer for ~22 s before it gives up. Neither counts against the
-    worker."""
+    is accepted instead, as the AI Horde accepts it, with a reward of 0, and its text goes to no
+    one: the official worker retries any other answer for ~22 s before it gives up. Neither counts
+    against the worker."""
     now = now or clock.now()
     generation = posted_generation(api_key=api_key, generation_id=generation_id)
     try:
@@ -45,9 +45,7 @@ def submit_generation(
     except errors.GenerationCancelled:
         if generation.worker.chat:
             raise
-        if state == "faulted":
-            return 0.0
-        return _reward(estimate_tokens(text, generation.request.max_length))
+        return 0.0  # its text goes to no one, and nothing counts it towards the worker's totals
 
 
 def _reward(tokens: int) -> float:

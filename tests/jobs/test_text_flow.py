@@ -171,7 +171,9 @@ def test_cancel_drops_queued_work_and_cancels_running_generations(requester, own
     # A legacy worker's submit is accepted, as the AI Horde accepts it, so that the official
     # worker ends the job at its first try; the text goes to no one.
     late = owner.submit(running, "nobody reads this")
-    assert late.status_code == 200 and late.json()["reward"] > 0
+    assert late.status_code == 200 and late.json()["reward"] == 0  # what its totals count
+    worker = Worker.objects.get(name="w")
+    assert (worker.kudos_rewards, worker.completed_jobs) == (0, 0)
     generation = Generation.objects.get(pk=running)
     assert (generation.state, generation.text) == (Generation.State.CANCELLED, None)
     assert owner.submit(running, state="faulted").json() == {"reward": 0.0}

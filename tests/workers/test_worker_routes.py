@@ -29,9 +29,10 @@ def test_the_workers_list_shows_the_online_text_workers_in_the_ai_hordes_shape(r
     )
     assert (worker["models"], worker["maintenance_mode"], worker["trusted"]) == (["m1"], False, False)
     assert worker["team"] == {"name": None, "id": None}
-    assert worker["performance"] == "0.0 tokens per second"
+    assert worker["performance"] == "No requests fulfilled yet"
     assert "owner" not in worker  # only to its owner and moderators
     assert requester.client.get("/api/v2/workers").json() == listed  # type defaults to all
+    assert requester.client.get("/api/v2/workers?type=").json() == listed  # horde_sdk's "all"
     assert requester.client.get("/api/v2/workers?type=image").json() == []
     assert requester.client.get("/api/v2/workers?name=online-worker").json() == listed
     assert requester.client.get("/api/v2/workers?type=bogus").status_code == 400
@@ -64,6 +65,7 @@ def test_a_workers_counters_follow_its_accepted_submits(requester, owner):
         4.0,
     )
     assert details["kudos_details"] == {"generated": 4.0, "uptime": 0}
+    assert details["performance"].endswith(" tokens per second")
 
 
 def test_the_owner_puts_its_worker_into_maintenance_and_out_again(requester, owner):
