@@ -181,6 +181,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_prometheus",
+    "corsheaders",
     "workers",
     "jobs",
 ]
@@ -199,6 +200,8 @@ AUTH_PASSWORD_VALIDATORS = [
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # Before the limits, so that a browser can read their refusals (413, 429) too.
+    "corsheaders.middleware.CorsMiddleware",
     "hordeops.api.BodyLimitMiddleware",
     "hordeops.api.RateLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -223,6 +226,44 @@ ADMIN_ONLY_MIDDLEWARE = (
 )
 
 X_FRAME_OPTIONS = "DENY"
+
+# Browsers call the public APIs from pages on any origin, as they call the AI Horde's and hosted
+# OpenAI-compatible APIs: their keys travel in headers, never in cookies, so no credentials are
+# allowed. Never the admin, /metrics or the schema.
+CORS_URLS_REGEX = r"^/(api/v2|v1)/"
+# The origins that may call them (comma-separated, as `https://host[:port]`); empty: any origin.
+CORS_ALLOWED_ORIGINS = env_list("CORS_ALLOWED_ORIGINS")
+CORS_ALLOW_ALL_ORIGINS = not CORS_ALLOWED_ORIGINS
+CORS_ALLOW_CREDENTIALS = False
+# What the horde's, OpenAI's and Anthropic's clients send from a page.
+CORS_ALLOW_HEADERS = (
+    "accept",
+    "authorization",
+    "content-type",
+    "user-agent",
+    "x-requested-with",
+    "apikey",
+    "client-agent",
+    "x-api-key",
+    "anthropic-version",
+    "anthropic-beta",
+    "anthropic-dangerous-direct-browser-access",
+    "openai-organization",
+    "openai-project",
+    "x-multillm-deadline-ms",
+    "x-stainless-arch",
+    "x-stainless-lang",
+    "x-stainless-os",
+    "x-stainless-package-version",
+    "x-stainless-retry-count",
+    "x-stainless-runtime",
+    "x-stainless-runtime-version",
+    "x-stainless-timeout",
+    "x-stainless-helper-method",
+)
+# What a page's client reads of an answer beyond the safelisted headers: when to retry.
+CORS_EXPOSE_HEADERS = ("retry-after", "x-should-retry")
+CORS_PREFLIGHT_MAX_AGE = 86400
 # Where a login goes when its `next` is refused (another site's, say): the admin, the only
 # pages there are, not Django's default /accounts/profile/ (a 404 here).
 LOGIN_REDIRECT_URL = "admin:index"
