@@ -77,8 +77,14 @@ class NonBlankText(OpenApiSerializerFieldExtension):
     def map_serializer_field(self, auto_schema, direction):
         schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
         if self.target.trim_whitespace and not self.target.allow_blank and schema.get("type") == "string":
-            schema["pattern"] = r"\S"
+            schema["pattern"] = NOT_ONLY_WHITE_SPACE
         return schema
+
+
+# A character that Python's `str.strip()` (DRF's trimming) keeps. The schema's regex dialect
+# reads `\S` with another set of white space (U+0085 and U+001C-U+001F are not in it), so the
+# set is written out.
+NOT_ONLY_WHITE_SPACE = "[^" + "".join(f"\\u{c:04x}" for c in range(0x3001) if chr(c).isspace()) + "]"
 
 
 class ListLengths(OpenApiSerializerFieldExtension):

@@ -14,6 +14,7 @@ urlpatterns = [
     path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
     path("v1/responses", chat.responses, name="responses"),
     path("v1/messages", chat.messages, name="messages"),
+    path("v1/messages/count_tokens", chat.count_tokens, name="count-tokens"),
     path("v1/models", chat_models.models, name="models"),
     path("v1/models/<path:model_id>", chat_models.model, name="model"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

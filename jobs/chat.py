@@ -11,7 +11,7 @@ import logging
 
 import redis.exceptions
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from hordeops import asyncdb, clock, errors, keys
@@ -93,6 +93,24 @@ async def _serve(request: HttpRequest, protocol: ChatProtocol) -> HttpResponse:
         logger.exception("chat request could not be queued")
         return protocol.error_response(errors.ServiceUnavailable(NOT_QUEUED))
     return await Exchange(protocol, call, text_request, budget).answer(call.stream)
+
+
+@csrf_exempt
+def count_tokens(request: HttpRequest) -> HttpResponse:
+    """Anthropic's `POST /v1/messages/count_tokens`: the horde's own estimate of the prompt the
+    messages become (the AI Horde's count, about four characters a token), not the model's
+    tokenizer, which only its workers have."""
+    protocol = PROTOCOLS["/v1/messages"]
+    if request.method != "POST":
+        return protocol.error_response(errors.MethodNotAllowed(allowed=("POST",)))
+    try:
+        chat_caller(request)
+        body = loads_strict(request.body)
+        # The count takes no max_tokens; the message's validation wants one.
+        call = protocol.parse({**body, "max_tokens": 1} if isinstance(body, dict) else body)
+    except errors.DomainError as err:
+        return protocol.error_response(err)
+    return JsonResponse({"input_tokens": services.prompt_tokens(services.render_chat_prompt(call.messages))})
 
 
 @csrf_exempt

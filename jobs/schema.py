@@ -105,11 +105,32 @@ class ModelRoute(APIView):
         raise NotImplementedError
 
 
+class CountTokensRoute(APIView):
+    @extend_schema(
+        operation_id="messages_count_tokens",
+        description=(
+            "The horde's estimate of the prompt's tokens (about four characters a token of the prompt "
+            "the messages become, as the AI Horde counts), not the model's tokenizer. `max_tokens` "
+            "is ignored."
+        ),
+        request=AnthropicMessagesInput,
+        responses={
+            200: inline_serializer("TokenCount", {"input_tokens": serializers.IntegerField()}),
+            **{code: ANTHROPIC_ERROR for code in (400, 401, 413, 429)},
+        },
+        auth=CHAT_KEY,
+        tags=["v1"],
+    )
+    def post(self, request):  # pragma: no cover - described, never routed
+        raise NotImplementedError
+
+
 # The /v1 routes hordeops/urls.py serves, each with the schema-only view that describes it.
 ROUTES = (
     ("/v1/chat/completions", "POST", _chat_view("chat_completions", ChatCompletionInput, OPENAI_ERROR)),
     ("/v1/responses", "POST", _chat_view("responses", ResponsesInput, OPENAI_ERROR)),
     ("/v1/messages", "POST", _chat_view("messages", AnthropicMessagesInput, ANTHROPIC_ERROR)),
+    ("/v1/messages/count_tokens", "POST", CountTokensRoute),
     ("/v1/models", "GET", ModelsRoute),
     ("/v1/models/{model_id}", "GET", ModelRoute),
 )

@@ -17,7 +17,12 @@ PROTOCOLS: dict[str, ChatProtocol] = {p.path: p() for p in (OpenAIChat, OpenAIRe
 
 
 def protocol_for_path(path: str) -> ChatProtocol:
-    return PROTOCOLS.get(path.rstrip("/"), PROTOCOLS[OpenAIChat.path])
+    """The protocol whose shape answers `path`: its own route, or a path under it (Anthropic's
+    `/v1/messages/batches`, OpenAI's `/v1/responses/{id}`); OpenAI's chat for any other /v1 path."""
+    for prefix, protocol in PROTOCOLS.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return protocol
+    return PROTOCOLS[OpenAIChat.path]
 
 
 __all__ = [

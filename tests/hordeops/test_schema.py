@@ -1,8 +1,13 @@
 """The OpenAPI schema at /api/schema/ is valid and covers every route."""
 
+import re
+
 import yaml
 from openapi_spec_validator import validate
+from rest_framework.exceptions import ValidationError
 from rest_framework.test import APIClient
+
+from hordeops.serializers import NOT_ONLY_WHITE_SPACE, StrictCharField
 
 
 def test_the_schema_is_valid_openapi_and_lists_every_route(db):
@@ -112,3 +117,15 @@ def test_the_schema_refuses_the_bodies_the_server_refuses(requester, owner):
     assert schema_accepts(
         "TextAsyncInput", {"prompt": "hi", "params": {"sampler_order": [6, 0, 1, 3, 4, 2, 5]}}
     )
+
+
+def test_the_schemas_non_blank_pattern_refuses_exactly_what_drf_trims_to_nothing():
+    field = StrictCharField()
+    for code in [*range(0x3001), 0xFEFF, 0x200B, 0x10FFFF]:
+        text = chr(code)
+        try:
+            field.run_validation(text)
+            kept = True
+        except ValidationError:
+            kept = False
+        assert bool(re.search(NOT_ONLY_WHITE_SPACE, text)) == kept or code == 0, hex(code)
