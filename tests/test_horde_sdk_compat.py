@@ -129,3 +129,7 @@ def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow_and_the_d
     assert MODEL in found["models"] and found["model"] == [[MODEL, 1]]
     assert found["text_worker_count"] >= 1
     assert found["totals_total"]["requests"] >= 1 and found["per_model_total"][MODEL] >= 1
+    assert worker.name in found["all_types"]
+    assert found["deleted"] == {"id": str(worker.id), "name": worker.name}
+    worker.refresh_from_db()
+    assert worker.deleted_at is not None

@@ -90,7 +90,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "aborts_last_hour",
         "agent",
     )
-    list_filter = ("maintenance", "chat", CapacityFilter)
+    list_filter = ("maintenance", "chat", CapacityFilter, ("deleted_at", admin.EmptyFieldListFilter))
     list_select_related = ("account",)
     search_fields = ("name",)
     fields = (
@@ -113,6 +113,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "maintenance_reason",
         "info",
         "last_pop_at",
+        "deleted_at",
     )
     readonly_fields = (
         "bridge_agent",
@@ -124,6 +125,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "aborts_window_start",
         "uncompleted_jobs",
         "last_pop_at",
+        "deleted_at",
     )
     moderated_fields = ("maintenance", "maintenance_reason")
     raw_id_fields = ("account",)

@@ -76,7 +76,7 @@ def online_workers(*, now: datetime) -> list[tuple[int, dict[str, Any]]]:
 
 
 def user_details(account: Account, *, now: datetime, privileged: bool) -> dict[str, Any]:
-    workers = list(account.workers.all())  # as many as the account runs
+    workers = list(account.workers.live())  # as many as the account runs
     kudos = round(sum(worker.kudos_rewards for worker in workers), 2)
     details: dict[str, Any] = {
         "username": unique_alias(account),

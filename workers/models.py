@@ -73,9 +73,13 @@ class Account(models.Model):
 
 
 class WorkerQuerySet(models.QuerySet["Worker"]):
+    def live(self) -> "WorkerQuerySet":
+        """Workers their owner or a moderator has not deleted."""
+        return self.filter(deleted_at__isnull=True)
+
     def online(self, now: datetime) -> "WorkerQuerySet":
         """Workers that popped within WORKER_ONLINE_SECONDS (the eligibility rule's own test)."""
-        return self.filter(last_pop_at__gte=online_since(now))
+        return self.live().filter(last_pop_at__gte=online_since(now))
 
     def online_chat(self, now: datetime) -> "WorkerQuerySet":
         """Online workers that serve chat jobs: the ones behind the `/v1` routes' models."""
@@ -110,7 +114,8 @@ class Worker(models.Model):
     ABORT_WINDOW = timedelta(hours=1)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    name = models.CharField(max_length=100, unique=True)
+    # Unique among the workers not deleted (`worker_name_unique`): a deleted worker's name is free.
+    name = models.CharField(max_length=100)
     account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="workers")
     served_models = ArrayField(models.CharField(max_length=255), default=list, blank=True)
     max_length = models.PositiveIntegerField(default=512)
@@ -140,6 +145,9 @@ class Worker(models.Model):
     uncompleted_jobs = models.PositiveIntegerField(default=0, db_default=0)
     maintenance = models.BooleanField(default=False, db_default=False)
     maintenance_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # Deleted by its owner or a moderator: hidden everywhere but the admin, offline, its name
+    # free; the row stays for its generations' history and the jobs it still holds.
+    deleted_at = models.DateTimeField(null=True, blank=True)
 
     objects = WorkerQuerySet.as_manager()
 
@@ -147,6 +155,9 @@ class Worker(models.Model):
         ordering = ("name",)
         indexes = [GinIndex(fields=["served_models"], name="worker_models_gin")]
         constraints = [
+            models.UniqueConstraint(
+                fields=["name"], condition=Q(deleted_at__isnull=True), name="worker_name_unique"
+            ),
             models.CheckConstraint(
                 condition=Q(threads__gte=1) & Q(threads__lte=50), name="worker_threads_1_50"
             ),

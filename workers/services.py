@@ -1,16 +1,19 @@
+import logging
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
-from hordeops import errors
+from hordeops import clock, errors
 from hordeops.rows import fetch_instance, fetch_instances
 from workers import sql
-from workers.capacity import check_in_fresh_since
+from workers.capacity import check_in_fresh_since, online_since
 from workers.models import Account, Worker, hash_api_key, new_api_key
+
+logger = logging.getLogger(__name__)
 
 MAINTENANCE_REASON = (
     "Maintenance mode activated because worker is dropping too many jobs. "
@@ -159,7 +162,7 @@ def modify_worker(
     maintenance, the info note and the name; return what changed."""
     caller = authenticate(api_key=api_key)
     with transaction.atomic():
-        worker = Worker.objects.select_for_update().filter(pk=worker_id).first()
+        worker = Worker.objects.live().select_for_update().filter(pk=worker_id).first()
         if worker is None:
             raise errors.WorkerNotFound()
         this = Worker.objects.filter(pk=worker.pk)
@@ -186,7 +189,7 @@ def modify_worker(
         if name is not None:
             if not may:
                 raise errors.NotModerator()
-            if Worker.objects.filter(name=name).exclude(pk=worker.pk).exists():
+            if Worker.objects.live().filter(name=name).exclude(pk=worker.pk).exists():
                 raise errors.WorkerNameAlreadyExists()
             try:
                 with transaction.atomic():  # a name taken in the same instant: the unique index says so
@@ -197,3 +200,24 @@ def modify_worker(
         if not changed:
             raise errors.NoValidActions()
     return changed
+
+
+def delete_worker(*, api_key: str | None, worker_id: UUID, now: datetime | None = None) -> dict[str, str]:
+    """DELETE /api/v2/workers/{id}, as the AI Horde rules it: its owner or a moderator may.
+
+    The worker is hidden everywhere but the admin and offline at once, and its name is free: its
+    next pop under that name makes a new worker. The row stays, so that its generations keep
+    their history and a job it still holds can be submitted: nothing in flight is lost.
+    """
+    caller = authenticate(api_key=api_key)
+    now = now or clock.now()
+    with transaction.atomic():
+        worker = Worker.objects.live().select_for_update().filter(pk=worker_id).first()
+        if worker is None:
+            raise errors.WorkerNotFound()
+        if not caller.moderator and caller.pk != worker.account_id:
+            raise errors.NotModerator("Only the worker's owner or a moderator may delete it.")
+        offline = min(worker.last_pop_at, online_since(now) - timedelta(microseconds=1))
+        Worker.objects.filter(pk=worker.pk).update(deleted_at=now, last_pop_at=offline)
+    logger.info("worker %s deleted by account %s", worker.pk, caller.pk)
+    return {"deleted_id": str(worker.pk), "deleted_name": worker.name}

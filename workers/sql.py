@@ -42,7 +42,7 @@ def check_in() -> str:
         SELECT {columns(Account)} FROM {Account._meta.db_table} WHERE api_key_hash = %(api_key_hash)s
     ),
     current AS (
-        SELECT {columns(Worker)} FROM {worker} WHERE name = %(name)s
+        SELECT {columns(Worker)} FROM {worker} WHERE name = %(name)s AND deleted_at IS NULL
     ),
     written AS (
         INSERT INTO {worker} (id, name, account_id, {", ".join(DECLARED)}, created_at, last_pop_at)
@@ -54,7 +54,7 @@ def check_in() -> str:
               AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s
               AND ({", ".join(f"c.{field}" for field in DECLARED)}) IS NOT DISTINCT FROM ({_DECLARED_NOW})
         )
-        ON CONFLICT (name) DO UPDATE SET
+        ON CONFLICT (name) WHERE deleted_at IS NULL DO UPDATE SET
             {", ".join(f"{field} = EXCLUDED.{field}" for field in DECLARED)},
             last_pop_at = EXCLUDED.last_pop_at
         WHERE {worker}.account_id = EXCLUDED.account_id

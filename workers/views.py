@@ -4,7 +4,7 @@ parse, call one service or read, shape the answer with `workers.details`."""
 from uuid import UUID
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -43,7 +43,7 @@ def _may_see(caller: Account | None, account_id: int) -> bool:
 
 
 def _worker(lookup: dict) -> Worker:
-    worker = Worker.objects.select_related("account").filter(**lookup).first()
+    worker = Worker.objects.live().select_related("account").filter(**lookup).first()
     if worker is None:
         raise errors.WorkerNotFound()
     return worker
@@ -160,6 +160,23 @@ class WorkerView(APIView):
             api_key=request.headers.get("apikey"), worker_id=self._id(worker_id), **serializer.validated_data
         )
         return Response(changed)
+
+    @extend_schema(
+        operation_id="worker_delete",
+        auth=APIKEY_AUTH,
+        parameters=[WORKER_ID, APIKEY],
+        responses={
+            200: inline_serializer(
+                "DeletedWorker",
+                {"deleted_id": serializers.CharField(), "deleted_name": serializers.CharField()},
+            ),
+            **ERRORS,
+        },
+    )
+    def delete(self, request: Request, worker_id: str) -> Response:
+        """Delete the worker, as its owner or a moderator (KoboldAI Lite's "Del." button)."""
+        deleted = services.delete_worker(api_key=request.headers.get("apikey"), worker_id=self._id(worker_id))
+        return Response(deleted)
 
 
 class WorkerByNameView(APIView):

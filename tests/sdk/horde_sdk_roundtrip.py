@@ -43,6 +43,8 @@ from horde_sdk.ai_horde_api.ai_horde_clients import AIHordeAPIManualClient
 from horde_sdk.ai_horde_api.apimodels import (
     AllWorkersDetailsRequest,
     AllWorkersDetailsResponse,
+    DeleteWorkerRequest,
+    DeleteWorkerResponse,
     FindUserRequest,
     HordePerformanceRequest,
     HordePerformanceResponse,
@@ -249,6 +251,11 @@ def _discover(
     load = _send(client, HordePerformanceRequest(), HordePerformanceResponse)
     totals = _send(client, TextStatsModelsTotalRequest(), TextStatsModelsTotalResponse)
     per_model = _send(client, TextStatsModelsRequest(), TextStatsModelResponse)
+    # workers_all_details(): the SDK's "all" type is the empty string.
+    everyone = _send(client, AllWorkersDetailsRequest(apikey=requester_key), AllWorkersDetailsResponse)
+    deleted = _send(
+        client, DeleteWorkerRequest(worker_id=mine[0].id_, apikey=worker_key), DeleteWorkerResponse
+    )
     return {
         "find_user": {"username": me.username, "worker_count": me.worker_count, "worker_ids": me.worker_ids},
         "user": {"username": user.username, "worker_ids": user.worker_ids},
@@ -266,6 +273,8 @@ def _discover(
         "text_worker_count": load.text_worker_count,
         "totals_total": totals.total,
         "per_model_total": per_model.total,
+        "all_types": [w.name for w in everyone.root],
+        "deleted": {"id": str(deleted.deleted_id), "name": deleted.deleted_name},
     }
 
 

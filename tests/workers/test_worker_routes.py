@@ -147,3 +147,45 @@ def test_a_horde_moderator_sees_every_workers_private_details_in_the_list(owner,
     owner.pop("watched", models=["m1"])
     [listed] = moderator.client.get("/api/v2/workers", HTTP_APIKEY=moderator.api_key).json()
     assert listed["owner"] == f"owner#{owner.account.id}"
+
+
+def test_the_owner_deletes_its_worker_and_its_name_makes_a_new_one_with_nothing_in_flight_lost(
+    requester, owner
+):
+    owner.pop("doomed", models=["m1"])
+    requester.request_text(models=["m1"])
+    job = owner.pop("doomed", models=["m1"]).json()
+    worker = Worker.objects.get(name="doomed")
+    path = f"/api/v2/workers/{worker.id}"
+    deleted = owner.client.delete(path, HTTP_APIKEY=owner.api_key)
+    assert (deleted.status_code, deleted.json()) == (
+        200,
+        {"deleted_id": str(worker.id), "deleted_name": "doomed"},
+    )
+    assert requester.client.get(path).status_code == 404
+    assert requester.client.get("/api/v2/workers/name/doomed").status_code == 404
+    assert "doomed" not in [w["name"] for w in requester.client.get("/api/v2/workers").json()]
+    assert requester.client.get("/api/v2/find_user", HTTP_APIKEY=owner.api_key).json()["worker_ids"] == []
+    # The job it held is still its to finish, and counts.
+    assert owner.submit(job["id"], "finished after all").status_code == 200
+    # Its name is free: the next pop under it makes a new worker.
+    owner.pop("doomed", models=["m1"])
+    fresh = Worker.objects.live().get(name="doomed")
+    assert fresh.pk != worker.pk
+    assert requester.client.get("/api/v2/workers/name/doomed").json()["id"] == str(fresh.pk)
+    assert owner.client.delete(path, HTTP_APIKEY=owner.api_key).status_code == 404  # gone already
+
+
+def test_only_the_owner_or_a_moderator_may_delete_a_worker(requester, owner, make_caller):
+    owner.pop("kept", models=["m1"])
+    worker = Worker.objects.get(name="kept")
+    path = f"/api/v2/workers/{worker.id}"
+    refused = requester.client.delete(path, HTTP_APIKEY=requester.api_key)
+    assert (refused.status_code, refused.json()["rc"]) == (403, "NotModerator")
+    assert requester.client.delete(path).status_code == 401
+    assert requester.client.delete(path, HTTP_APIKEY="not-a-key").status_code == 401
+    moderator = make_caller("a-moderator")
+    Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
+    assert moderator.client.delete(path, HTTP_APIKEY=moderator.api_key).status_code == 200
+    assert Worker.objects.get(pk=worker.pk).deleted_at is not None
+    assert requester.client.delete("/api/v2/workers/not-a-uuid", HTTP_APIKEY=owner.api_key).status_code == 404
