@@ -20,7 +20,11 @@ WAIT_SECONDS = 10
 
 
 def _hub_clients() -> list[dict]:
-    return [c for c in get_redis_connection("default").client_list() if c["name"] == relay.HUB_CLIENT_NAME]
+    """This test's relay hub connections: another stack's on the same Redis server use another
+    database, and are not counted."""
+    client = get_redis_connection("default")
+    db = str(client.connection_pool.connection_kwargs.get("db", 0))
+    return [c for c in client.client_list() if c["name"] == relay.HUB_CLIENT_NAME and c["db"] == db]
 
 
 async def _next(events: AsyncIterator[relay.Event]) -> relay.Event:
