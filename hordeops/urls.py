@@ -12,6 +12,7 @@ urlpatterns = [
     path("api/v2/", include("workers.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
     path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
+    path("v1/completions", chat.completions, name="completions"),
     path("v1/responses", chat.responses, name="responses"),
     path("v1/messages", chat.messages, name="messages"),
     path("v1/messages/count_tokens", chat.count_tokens, name="count-tokens"),

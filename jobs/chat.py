@@ -49,14 +49,24 @@ def _start(
     budget = deadlines.for_account(header, account)
     call = protocol.parse(loads_strict(request.body))
     deadline_at = budget.deadline_at(clock.now()) if budget else None  # auth and parsing spent some
-    text_request = services.create_chat_request(
-        account=account,
-        model=call.model,
-        messages=call.messages,
-        max_length=call.max_tokens,
-        params=call.params,
-        deadline_at=deadline_at,
-    )
+    if call.prompt is not None:
+        text_request = services.create_completion_request(
+            account=account,
+            model=call.model,
+            prompt=call.prompt,
+            max_length=call.max_tokens,
+            params=call.params,
+            deadline_at=deadline_at,
+        )
+    else:
+        text_request = services.create_chat_request(
+            account=account,
+            model=call.model,
+            messages=call.messages,
+            max_length=call.max_tokens,
+            params=call.params,
+            deadline_at=deadline_at,
+        )
     return call, text_request, budget
 
 
@@ -116,6 +126,11 @@ def count_tokens(request: HttpRequest) -> HttpResponse:
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse:
     return await _serve(request, PROTOCOLS["/v1/chat/completions"])
+
+
+@csrf_exempt
+async def completions(request: HttpRequest) -> HttpResponse:
+    return await _serve(request, PROTOCOLS["/v1/completions"])
 
 
 @csrf_exempt

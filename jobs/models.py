@@ -92,6 +92,9 @@ class TextRequest(models.Model):
     stream_generation = models.UUIDField(null=True, blank=True)
     # When the requester's generation deadline runs out (X-MultiLLM-Deadline-Ms), if it set one.
     deadline_at = models.DateTimeField(null=True, blank=True)
+    # A text request whose requester follows its relay stream (a /v1 text completion): its
+    # ending is relayed as a chat request's is, though any worker of its model may take it.
+    followed = models.BooleanField(default=False, db_default=False)
 
     objects = TextRequestQuerySet.as_manager()
 
@@ -133,6 +136,11 @@ class TextRequest(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
+
+    @property
+    def relayed(self) -> bool:
+        """Whether its output and its ending go to a requester through the relay."""
+        return self.kind == self.Kind.CHAT or self.followed
 
     @property
     def is_done(self) -> bool:

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from jobs import deadlines
 from jobs.protocols.anthropic_messages import AnthropicMessagesInput
 from jobs.protocols.openai_chat import ChatCompletionInput
+from jobs.protocols.openai_completions import CompletionInput
 from jobs.protocols.openai_responses import ResponsesInput
 
 # A /v1 key, in either header (the horde routes' are hordeops.serializers.APIKEY_AUTH).
@@ -129,6 +130,7 @@ class CountTokensRoute(APIView):
 ROUTES = (
     ("/v1/chat/completions", "POST", _chat_view("chat_completions", ChatCompletionInput, OPENAI_ERROR)),
     ("/v1/responses", "POST", _chat_view("responses", ResponsesInput, OPENAI_ERROR)),
+    ("/v1/completions", "POST", _chat_view("completions", CompletionInput, OPENAI_ERROR)),
     ("/v1/messages", "POST", _chat_view("messages", AnthropicMessagesInput, ANTHROPIC_ERROR)),
     ("/v1/messages/count_tokens", "POST", CountTokensRoute),
     ("/v1/models", "GET", ModelsRoute),

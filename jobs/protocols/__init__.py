@@ -11,9 +11,12 @@ from jobs.protocols.base import (
     sse,
 )
 from jobs.protocols.openai_chat import OpenAIChat
+from jobs.protocols.openai_completions import OpenAICompletions
 from jobs.protocols.openai_responses import OpenAIResponses
 
-PROTOCOLS: dict[str, ChatProtocol] = {p.path: p() for p in (OpenAIChat, OpenAIResponses, AnthropicMessages)}
+PROTOCOLS: dict[str, ChatProtocol] = {
+    p.path: p() for p in (OpenAIChat, OpenAIResponses, AnthropicMessages, OpenAICompletions)
+}
 
 
 def protocol_for_path(path: str) -> ChatProtocol:
@@ -33,6 +36,7 @@ __all__ = [
     "ChatCall",
     "ChatProtocol",
     "OpenAIChat",
+    "OpenAICompletions",
     "OpenAIResponses",
     "Reply",
     "Usage",

@@ -41,6 +41,7 @@ class ChatCall:
     max_tokens: int
     stream: bool
     params: dict[str, Any]
+    prompt: str | None = None  # a text completion's prompt, in place of messages
 
 
 @dataclass

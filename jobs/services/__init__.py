@@ -16,6 +16,7 @@ from jobs.services.progress import ProgressResult, record_progress
 from jobs.services.requests import (
     commit_stream,
     create_chat_request,
+    create_completion_request,
     create_text_request,
     estimate_tokens,
     prompt_tokens,
@@ -36,6 +37,7 @@ __all__ = [
     "defer_cancellations",
     "commit_stream",
     "create_chat_request",
+    "create_completion_request",
     "create_text_request",
     "estimate_tokens",
     "pop_generation",

@@ -45,7 +45,7 @@ def cancel_request(
             request.save(update_fields=["state", "queued", "ending"])
             running = list(request.generations.processing().values_list("pk", flat=True))
             _cancel_generations({generation_id: request.max_length for generation_id in running}, reason, now)
-            failures = [(request.pk, reason)] if request.kind == TextRequest.Kind.CHAT else []
+            failures = [(request.pk, reason)] if request.relayed else []
             # Robust: with Redis down the cancellation still commits; the leases then expire.
             transaction.on_commit(lambda: _end_streams(failures, running), robust=True)
     return request
@@ -89,7 +89,7 @@ def expire_past(cursor, *, now: datetime, request_id: UUID | None = None) -> Exp
     cancelled = [generation_id for generation_id, _, _ in ending]
     cursor.execute(sql.expire_requests(one), params)
     expired = cursor.fetchall()
-    chats = [(expired_id, why) for expired_id, kind, why in expired if kind == TextRequest.Kind.CHAT]
+    chats = [(expired_id, why) for expired_id, relayed, why in expired if relayed]
     # robust: the expiry has committed; Redis failing now must not make it look undone.
     transaction.on_commit(lambda: _end_streams(chats, cancelled), robust=True)
     return Expiry(requests=[expired_id for expired_id, _, _ in expired], generations=cancelled)
@@ -192,7 +192,7 @@ class Restart(NamedTuple):
 
     request_id: UUID
     state: str
-    kind: str
+    relayed: bool  # a requester follows it (`TextRequest.relayed`)
     ending: str
 
 
@@ -217,7 +217,7 @@ def relay_restarts(*, restarts: list[Restart], aborted: list[AbortedJob]) -> Non
     """Kill the aborted generations' leases and tell each waiting chat requester what happened:
     its job restarts, or its request faulted."""
     leases.kill([job.generation_id for job in aborted])
-    chats = {restart.request_id: restart for restart in restarts if restart.kind == TextRequest.Kind.CHAT}
+    chats = {restart.request_id: restart for restart in restarts if restart.relayed}
     events = []
     for job in aborted:
         restart = chats.get(job.request_id)

@@ -45,6 +45,12 @@ class QueuedText:
     warning: str | None = None  # NO_WORKER_WARNING when no online worker may be offered it
 
 
+def _require_online_model(model: str, now: datetime) -> None:
+    """A text completion's model must be one an online worker, chat or not, serves now."""
+    if not Worker.objects.online(now).filter(served_models__overlap=[model]).exists():
+        raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
+
+
 def _require_online_chat_model(model: str, now: datetime) -> None:
     """A chat route's model must be one an online chat worker serves now (`/v1/models`)."""
     if not Worker.objects.online_chat(now).filter(served_models__overlap=[model]).exists():
@@ -143,6 +149,36 @@ def render_chat_prompt(messages: list[dict[str, str]]) -> str:
     """The chat as one ChatML prompt, for workers that take a prompt rather than messages."""
     turns = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
     return "".join(turns) + "<|im_start|>assistant\n"
+
+
+def create_completion_request(
+    *,
+    account: Account,
+    model: str,
+    prompt: str,
+    max_length: int,
+    params: dict[str, Any],
+    deadline_at: datetime | None = None,
+    now: datetime | None = None,
+) -> TextRequest:
+    """Queue a /v1 text completion: a text job of `model` that any of its workers may take (a
+    legacy worker too), followed by its requester on the relay."""
+    now = now or clock.now()
+    _require_online_model(model, now)
+    return _queue(
+        account,
+        now=now,
+        deadline_at=deadline_at,
+        kind=TextRequest.Kind.TEXT,
+        followed=True,
+        prompt=prompt,
+        params={**params, "max_length": max_length},
+        max_length=max_length,
+        max_context_length=max(20, prompt_tokens(prompt)) + max_length,
+        requested_models=[model],
+        n=1,
+        queued=1,
+    )
 
 
 def create_chat_request(

@@ -102,7 +102,7 @@ def _submit(
         (accepted,) = cursor.fetchone()
     if not accepted:
         raise refusal(generation_id=generation.pk)
-    if text_request.kind == TextRequest.Kind.CHAT:
+    if text_request.relayed:
         finish = "length" if tokens >= text_request.max_length else "stop"
         # robust: the result is accepted once committed, Redis or not; the answer says so.
         transaction.on_commit(

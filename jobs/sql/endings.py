@@ -2,7 +2,7 @@
 
 from functools import cache
 
-from jobs.models import Ending, lease_end_sql
+from jobs.models import Ending, TextRequest, lease_end_sql
 from jobs.sql.names import (
     ABORTED,
     ACTIVE,
@@ -15,6 +15,9 @@ from jobs.sql.names import (
 )
 
 # -- Endings: cancellation and restarts --------------------------------------------------------
+
+# Whether a requester follows the request's relay stream (`TextRequest.relayed`).
+RELAYED = f"(r.kind = '{TextRequest.Kind.CHAT.value}' OR r.followed)"
 
 
 @cache
@@ -32,7 +35,7 @@ def cancel_generations() -> str:
 def restart_requests() -> str:
     """Give `added` aborted jobs back to each request (`ids`), or fault it: past `max`
     restarts, or at once, ending `after_commit`, if its stream was committed.
-    Returns (id, state, kind, ending)."""
+    Returns (id, state, relayed, ending)."""
     fault = f"r.state = '{ACTIVE}' AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
     return f"""
         UPDATE {REQUESTS} AS r SET
@@ -44,7 +47,7 @@ def restart_requests() -> str:
                         ELSE '{Ending.RESTARTS.value}' END
         FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
         WHERE r.id = v.id
-        RETURNING r.id, r.state, r.kind, r.ending
+        RETURNING r.id, r.state, {RELAYED}, r.ending
         """
 
 
@@ -80,11 +83,11 @@ def ending_generations(one: bool = False) -> str:
 
 @cache
 def expire_requests(one: bool = False) -> str:
-    """Expire the requests past their lifetime or deadline; returns (id, kind, why)."""
+    """Expire the requests past their lifetime or deadline; returns (id, relayed, why)."""
     return f"""
         UPDATE {REQUESTS} AS r SET state = '{EXPIRED}', queued = 0, ending = {_EXPIRY_REASON}
         WHERE r.state = '{ACTIVE}' AND r.expires_at <= %(now)s{_which(one)}
-        RETURNING r.id, r.kind, {_EXPIRY_REASON}
+        RETURNING r.id, {RELAYED}, {_EXPIRY_REASON}
         """
 
 

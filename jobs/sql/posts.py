@@ -24,7 +24,7 @@ WORKER_POST_PARTS = (
     (Account, ("id",)),
     (Generation, None),
     (Worker, ("account", "chat")),
-    (TextRequest, ("kind", "state", "max_length", "deadline_at")),
+    (TextRequest, ("kind", "state", "max_length", "deadline_at", "followed")),
 )
 
 

@@ -1,0 +1,125 @@
+"""OpenAI (legacy) Completions (`POST /v1/completions`): a prompt in, text out.
+
+It is served over a text job, which any worker of the model may take (a legacy worker answers
+whole at its submit), so its stream has no start event and its deltas come as the job's
+output reaches the horde."""
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from hordeops import errors
+from jobs.protocols.base import MAX_REPLY_TOKENS, ChatCall, Reply, Usage, sampling, sse, stop_list, validated
+from jobs.protocols.openai_chat import StopField
+from jobs.protocols.openai_errors import OpenAIErrors
+from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
+
+# OpenAI's default for this API.
+DEFAULT_COMPLETION_TOKENS = 16
+MAX_PROMPT_CHARS = 1_000_000
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+            {
+                "type": "array",
+                "items": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
+                "minItems": 1,
+                "maxItems": 1,
+            },
+        ],
+        "description": "one prompt: a string, or a list of exactly one string",
+    }
+)
+class PromptField(serializers.JSONField):
+    """OpenAI's `prompt`: a string, or a list of one (a batch of several is not served)."""
+
+
+@extend_schema_field({"type": "boolean", "enum": [False], "description": "echo is not served"})
+class NoEchoField(StrictBooleanField):
+    """OpenAI's `echo`: only false, for the reply holds the completion only."""
+
+
+class CompletionInput(serializers.Serializer):
+    model = StrictCharField(max_length=255)
+    prompt = PromptField()
+    max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True)
+    stream = StrictBooleanField(default=False)
+    n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
+    temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
+    top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
+    seed = StrictIntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
+    stop = StopField(required=False, allow_null=True)
+    echo = NoEchoField(default=False)
+
+    def validate_prompt(self, value: Any) -> str:
+        prompt = value[0] if isinstance(value, list) and len(value) == 1 else value
+        if not isinstance(prompt, str) or len(prompt) > MAX_PROMPT_CHARS:
+            raise serializers.ValidationError(
+                f"prompt must be a string of at most {MAX_PROMPT_CHARS} characters, or a list of one."
+            )
+        return prompt
+
+    def validate_stop(self, value: Any) -> list[str]:
+        return stop_list(value, max_items=4, what="stop")
+
+    def validate_echo(self, value: bool) -> bool:
+        if value:
+            raise serializers.ValidationError("echo is not served: the reply holds the completion only.")
+        return value
+
+
+class OpenAICompletions(OpenAIErrors):
+    """OpenAI Completions: `text_completion` objects, and the same objects as stream chunks."""
+
+    path = "/v1/completions"
+
+    def parse(self, body: Any) -> ChatCall:
+        data = validated(CompletionInput(data=body))
+        return ChatCall(
+            model=data["model"],
+            messages=[],
+            max_tokens=data.get("max_tokens") or DEFAULT_COMPLETION_TOKENS,
+            stream=data["stream"],
+            params=sampling(data, data.get("stop") or []),
+            prompt=data["prompt"],
+        )
+
+    def _completion(self, reply: Reply, text: str, finish_reason: str | None) -> dict[str, Any]:
+        return {
+            "id": reply.id,
+            "object": "text_completion",
+            "created": reply.created,
+            "model": reply.model,
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
+    def _usage(self, usage: Usage) -> dict[str, int]:
+        return {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+        }
+
+    def stream_start(self, reply: Reply) -> list[str]:
+        return []
+
+    def stream_delta(self, reply: Reply, text: str) -> list[str]:
+        return [sse(self._completion(reply, text, None))]
+
+    def stream_end(self, reply: Reply, finish_reason: str, usage: Usage) -> list[str]:
+        final = self._completion(reply, "", finish_reason)
+        final["usage"] = self._usage(usage)
+        return [sse(final), sse("[DONE]")]
+
+    def stream_error(self, reply: Reply, err: errors.DomainError) -> list[str]:
+        return [sse(self.error_body(err))]  # then the stream just ends, with no [DONE]
+
+    def response(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        return {**self._completion(reply, text, finish_reason), "usage": self._usage(usage)}
+
+    def reply_id(self, request_id: str) -> str:
+        return f"cmpl-{request_id}"
