@@ -208,6 +208,7 @@ class PopOutput(serializers.Serializer):
     extra_source_images = serializers.ListField(allow_null=True)
     # Only to a worker that pops with `chat: true`, and only with a job.
     kind = serializers.CharField(required=False)
+    streamed = serializers.BooleanField(required=False)
     lease = LeaseOutput(required=False)
     deadline_ms = serializers.IntegerField(required=False)
 

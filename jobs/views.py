@@ -137,7 +137,8 @@ EMPTY_PAYLOAD = {**PAYLOAD_DEFAULTS, "max_context_length": 2048, "max_length": 8
 
 def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool) -> dict:
     """The pop's answer in the AI Horde's shape. A worker that pops with `chat: true` also gets
-    `kind`, `lease` and `deadline_ms` when it has a job, never as nulls: a legacy worker sees
+    `kind`, `lease`, `deadline_ms` and (a text completion's job) `streamed` when it has a job,
+    never as nulls: a legacy worker sees
     exactly the AI Horde's keys (horde_sdk's strict mode refuses any other)."""
     if isinstance(job, services.EmptyPop):
         return {
@@ -177,6 +178,9 @@ def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool)
     if text_request.kind == TextRequest.Kind.CHAT:
         payload["messages"] = text_request.messages
     answer["kind"] = text_request.kind
+    if text_request.followed:
+        # A text completion's requester reads the output as it comes: post progress, as for a chat.
+        answer["streamed"] = True
     answer["lease"] = {
         "expires_at": first.lease_expires_at,
         "cap_seconds": first.cap_seconds,

@@ -24,6 +24,7 @@ class Job:
     deadline_ms: int | None = None
     ttl: float | None = None
     cap_seconds: float | None = None
+    streamed: bool = False  # a text job whose requester reads its output as it comes
 
     @classmethod
     def from_pop(cls, answer: dict[str, Any]) -> "Job":
@@ -36,11 +37,17 @@ class Job:
             deadline_ms=answer.get("deadline_ms"),
             ttl=answer.get("ttl"),
             cap_seconds=lease.get("cap_seconds"),
+            streamed=answer.get("streamed") is True,
         )
 
     @property
     def is_chat(self) -> bool:
         return self.kind == "chat" and isinstance(self.payload.get("messages"), list)
+
+    @property
+    def posts_progress(self) -> bool:
+        """Its output goes to the horde as it comes: a chat's, or a streamed text completion's."""
+        return self.is_chat or self.streamed
 
 
 @dataclass(frozen=True)
@@ -82,10 +89,10 @@ def request_for(job: Job) -> Request:
 
 def context_budget(job: Job, *, context_limit: int) -> int:
     """Prompt plus reply tokens. A text job's `max_context_length` is the requester's own bound
-    (KoboldAI's), kept within the backend's context. A chat job's is the horde's estimate of its
-    messages at four characters a token plus the reply, not a bound anyone chose: the model's
-    own context is the limit there."""
-    if job.is_chat:
+    (KoboldAI's), kept within the backend's context. A chat job's, and a streamed text
+    completion's, is the horde's estimate of the prompt at four characters a token plus the
+    reply, not a bound anyone chose: the model's own context is the limit there."""
+    if job.is_chat or job.streamed:
         return context_limit
     wanted = int(job.payload.get("max_context_length") or context_limit)
     return min(wanted, context_limit) if context_limit else wanted

@@ -1,8 +1,9 @@
-"""Serving one job: generate from the backend, stream a chat job's output as progress, submit.
+"""Serving one job: generate from the backend, stream its output as progress, submit.
 
-A chat job's deltas are posted as they come, coalesced: a post goes out once `every_tokens`
-tokens wait, or once `every_seconds` passed since the last post, and only one post of a job is
-in flight at a time (what comes meanwhile waits for the next one). The first output is posted
+A chat job's deltas (and a streamed text completion's) are posted as they come, coalesced: a
+post goes out once `every_tokens` tokens wait, or once `every_seconds` passed since the last
+post, and only one post of a job is in flight at a time (what comes meanwhile waits for the
+next one). The first output is posted
 at once, because the requester is waiting for it.
 
 The horde's answers are obeyed: `AbortedGen` and `GenerationCancelled` (and `DuplicateGen`,
@@ -238,7 +239,7 @@ class JobServer:
             log.warning("job %s: did not fit its %d tokens of context: %s", job.id, budget, request.fitted)
         progress = Progress(
             self.horde, job.id, self.every_tokens, self.every_seconds, verbose=self.verbose
-        ) if job.is_chat else None  # fmt: skip
+        ) if job.posts_progress else None  # fmt: skip
         output = Output()
         served = Served(Outcome.SUBMITTED)
         try:

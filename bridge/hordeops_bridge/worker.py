@@ -213,7 +213,7 @@ class Bridge:
             f"job {job.id} ({job.kind}, {job.model}): {served.outcome.value}, {served.tokens} tokens "
             f"in {served.seconds:.1f}s ({rate:.1f} tokens/s)"
         )
-        if job.is_chat:
+        if job.posts_progress:
             line += f", {served.posts} progress posts, lease {served.lease}"
         if served.detail:
             line += f"; {served.detail}"

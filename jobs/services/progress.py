@@ -7,7 +7,7 @@ from uuid import UUID
 
 from hordeops import clock, errors
 from jobs import leases
-from jobs.models import Ending, Generation, TextRequest
+from jobs.models import Ending, Generation
 from jobs.services.endings import cancel_request
 from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
 
@@ -45,8 +45,11 @@ def record_progress(
     generation = posted_generation(api_key=api_key, generation_id=generation_id)
     if generation.state != Generation.State.PROCESSING:
         raise refusal(generation_id=generation.pk)
-    if generation.request.kind != TextRequest.Kind.CHAT:
-        raise errors.BadRequest("Progress posts are for chat jobs; a text job keeps its flat lease.")
+    if not generation.request.relayed:
+        raise errors.BadRequest(
+            "Progress posts are for chat jobs and streamed text completions; this text job keeps "
+            "its flat lease."
+        )
     refuse_past_deadline(text_request=generation.request, now=now)
     renewal = leases.renew(generation, seq=seq, delta=delta, tokens=tokens, now=now)
     if renewal.outcome not in leases.ANSWERED:

@@ -11,7 +11,7 @@ from django.db import connection, transaction
 
 from hordeops import clock, errors
 from jobs import claims, leases, relay, sql
-from jobs.models import Ending, Generation, TextRequest
+from jobs.models import Ending, Generation
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
 from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
 from jobs.services.requests import estimate_tokens
@@ -70,7 +70,7 @@ def _submit(
     if len(text.encode()) > text_request.output_limit_bytes:
         raise output_too_long(text_request=text_request)
     tokens = estimate_tokens(text, text_request.max_length)
-    if text_request.kind == TextRequest.Kind.CHAT:
+    if text_request.relayed:
         # A streaming worker's own running count beats the four-characters estimate, within
         # what it handed in.
         reported = leases.state(generation.pk).get("tokens")

@@ -101,6 +101,31 @@ def test_a_horde_text_request_is_served_whole_from_the_completions_route(stack, 
     _no_text_in_log(bridge, expected)
 
 
+def test_a_streamed_text_completion_is_the_engines_completion_in_pieces(stack, engine, accounts, bridge):
+    # Short: the job's context is the horde's estimate of the prompt (4 characters a token), and
+    # this model's tokenizer counts more, so a longer prompt would be cut to fit it.
+    prompt = "Once upon a time"
+    expected = _direct(engine, "/v1/completions", prompt=prompt, max_tokens=64)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 64, "temperature": 0, "stream": True}
+    headers = {"Authorization": f"Bearer {accounts['requester']}"}
+    with httpx.stream(
+        "POST", f"{stack.url}/v1/completions", json=body, headers=headers, timeout=60
+    ) as response:
+        assert response.status_code == 200, response.read()
+        chunks = sse_data(response)
+    pieces = [chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"][0]["text"]]
+    assert "".join(pieces) == expected
+    assert len(pieces) >= 3, pieces  # streamed by the bridge's progress posts, not whole at the end
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == [
+        "length"
+    ]
+    line = bridge.wait_for(
+        rf"job \S+ \(text, {MODEL}\): submitted, (\d+) tokens[^,]*\), (\d+) progress posts"
+    )
+    assert int(line[1]) == 64 and int(line[2]) >= 2
+    assert expected[:24] not in bridge.output()
+
+
 def test_stop_sequences_reach_the_engine_exactly_as_sent(stack, engine, accounts, bridge) -> None:
     prompt = "The stop test"
     whole = _direct(engine, "/v1/completions", prompt=prompt, max_tokens=64)

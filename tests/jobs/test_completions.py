@@ -97,6 +97,36 @@ def test_a_streamed_completion_ends_with_its_text_a_finish_reason_and_done(live_
     assert all(chunk.object == "text_completion" for chunk in chunks)
 
 
+def test_a_chat_worker_streams_a_completions_text_job_in_pieces_through_progress_posts(live_stack, accounts):
+    requester, owner = accounts
+    worker = ChatWorker(live_stack.urls[0], owner.api_key, name="streaming-bridge", model=MODEL)
+    assert worker.pop()["id"] is None
+    pieces = ["Once ", "there ", "was ", "a ", "stream."]
+
+    def serve() -> dict:
+        deadline = time.monotonic() + 20
+        while (job := worker.pop())["id"] is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        worker.job, worker.seq = job, 0
+        answers = [worker.progress(piece, tokens=index + 1).json() for index, piece in enumerate(pieces)]
+        assert worker.submit("".join(pieces)).status_code == 200
+        return {"job": job, "leases": [answer["lease"] for answer in answers]}
+
+    serving = Background(serve)
+    chunks = list(
+        _sdk(live_stack.urls[0], requester.api_key).completions.create(
+            model=MODEL, prompt="Tell it", max_tokens=64, stream=True
+        )
+    )
+    served = serving.result()
+    assert (served["job"]["kind"], served["job"]["streamed"]) == ("text", True)
+    assert set(served["leases"]) <= {"granted", "at_cap", "not_renewed"}  # renewed by its output
+    texts = [chunk.choices[0].text for chunk in chunks]
+    assert "".join(texts) == "".join(pieces)
+    assert len([text for text in texts if text]) >= 3  # in pieces, not whole at the end
+
+
 def test_a_completion_is_refused_in_openais_shape_for_what_the_horde_does_not_serve(live_stack, accounts):
     requester, owner = accounts
     sdk = _sdk(live_stack.urls[0], requester.api_key)
