@@ -138,8 +138,8 @@ EMPTY_PAYLOAD = {**PAYLOAD_DEFAULTS, "max_context_length": 2048, "max_length": 8
 def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool) -> dict:
     """The pop's answer in the AI Horde's shape. A worker that pops with `chat: true` also gets
     `kind`, `lease`, `deadline_ms` and (a text completion's job) `streamed` when it has a job,
-    never as nulls: a legacy worker sees
-    exactly the AI Horde's keys (horde_sdk's strict mode refuses any other)."""
+    never as nulls: a legacy worker sees exactly the AI Horde's keys (horde_sdk's strict mode
+    refuses any other)."""
     if isinstance(job, services.EmptyPop):
         return {
             "payload": dict(EMPTY_PAYLOAD),
