@@ -184,6 +184,7 @@ INSTALLED_APPS = [
     "corsheaders",
     "workers",
     "jobs",
+    "kudos",
 ]
 
 # A public horde's moderators are one password away from its accounts: Django's checks, with

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class KudosConfig(AppConfig):
+    name = "kudos"
+    verbose_name = "Kudos"

@@ -1,0 +1,120 @@
+"""The kudos ledger: append-only postings, each event's summing to zero, and the balances kept
+from them.
+
+Every movement is an `Event` of `Posting`s between `Wallet`s: an account's, or one of the
+horde's system wallets (the treasury mints, the sink burns), so that the whole ledger always
+sums to zero. The database holds the invariants: an event's postings must sum to zero when its
+transaction commits, postings and events are never updated or deleted (a correction is a new
+event), and a business event's key is posted once.
+"""
+
+from decimal import Decimal
+
+from django.db import models
+from django.db.models import Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from workers.models import Account
+
+ZERO = Decimal("0.00")
+
+
+def amount_field(**kwargs) -> models.DecimalField:
+    # Kudos to the hundredth, as the AI Horde rounds them; decimal, so that sums are exact.
+    return models.DecimalField(max_digits=18, decimal_places=2, **kwargs)
+
+
+class WalletQuerySet(models.QuerySet["Wallet"]):
+    def drifted(self) -> "WalletQuerySet":
+        """Account wallets whose kept balance differs from the sum of their postings."""
+        return (
+            self.filter(account__isnull=False)
+            .annotate(posted=Coalesce(Sum("postings__amount"), ZERO))
+            .exclude(balance=models.F("posted"))
+        )
+
+
+class Wallet(models.Model):
+    """Whose kudos a posting moves: an account's, or one of the horde's system wallets."""
+
+    class System(models.TextChoices):
+        TREASURY = "treasury", "treasury (what is minted)"
+        SINK = "sink", "sink (what is burned)"
+
+    account = models.OneToOneField(
+        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="wallet"
+    )
+    system = models.CharField(max_length=16, choices=System.choices, null=True, blank=True, unique=True)
+    # The balance as its postings sum it, kept by the event that posts to it (account wallets
+    # only: a system wallet, which every event moves, keeps no row to update and wait on).
+    balance = amount_field(default=ZERO, db_default=ZERO)
+
+    objects = WalletQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(account__isnull=False, system__isnull=True)
+                | Q(account__isnull=True, system__isnull=False),
+                name="wallet_account_or_system",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.system or f"wallet of account {self.account_id}"
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def unbalanced(self) -> "EventQuerySet":
+        """Events whose postings do not sum to zero (the database refuses them at commit)."""
+        return self.annotate(total=Coalesce(Sum("postings__amount"), ZERO)).exclude(total=ZERO)
+
+
+class Event(models.Model):
+    """One business event's movement of kudos."""
+
+    class Kind(models.TextChoices):
+        GENERATION = "generation", "earned by a generation"
+        UPTIME = "uptime", "earned by staying online"
+        SPEND = "spend", "spent on a request"
+        TRANSFER = "transfer", "transferred"
+        AWARD = "award", "awarded by a moderator"
+        FORGIVEN = "forgiven", "forgiven below the floor"
+
+    id = models.BigAutoField(primary_key=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    # The business event's own key (a generation's id, a request's settlement, a transfer's
+    # Idempotency-Key): a retry finds the event posted and posts nothing.
+    key = models.CharField(max_length=200, unique=True)
+    reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EventQuerySet.as_manager()
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.key}"
+
+
+class PostingQuerySet(models.QuerySet["Posting"]):
+    def total(self) -> Decimal:
+        """The sum of these postings: zero over the whole ledger."""
+        return self.aggregate(total=Coalesce(Sum("amount"), ZERO))["total"]
+
+
+class Posting(models.Model):
+    """What one event moved in or out of one wallet: credits positive, debits negative."""
+
+    id = models.BigAutoField(primary_key=True)
+    event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="postings")
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="postings")
+    amount = amount_field()
+
+    objects = PostingQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["wallet", "id"], name="posting_by_wallet")]
+        constraints = [models.CheckConstraint(condition=~Q(amount=0), name="posting_not_zero")]
+
+    def __str__(self) -> str:
+        return f"{self.amount} to {self.wallet_id} ({self.event_id})"
