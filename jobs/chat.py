@@ -49,24 +49,17 @@ def _start(
     budget = deadlines.for_account(header, account)
     call = protocol.parse(loads_strict(request.body))
     deadline_at = budget.deadline_at(clock.now()) if budget else None  # auth and parsing spent some
+    reply = {
+        "account": account,
+        "model": call.model,
+        "max_length": call.max_tokens,
+        "params": call.params,
+        "deadline_at": deadline_at,
+    }
     if call.prompt is not None:
-        text_request = services.create_completion_request(
-            account=account,
-            model=call.model,
-            prompt=call.prompt,
-            max_length=call.max_tokens,
-            params=call.params,
-            deadline_at=deadline_at,
-        )
+        text_request = services.create_completion_request(prompt=call.prompt, **reply)
     else:
-        text_request = services.create_chat_request(
-            account=account,
-            model=call.model,
-            messages=call.messages,
-            max_length=call.max_tokens,
-            params=call.params,
-            deadline_at=deadline_at,
-        )
+        text_request = services.create_chat_request(messages=call.messages, **reply)
     return call, text_request, budget
 
 

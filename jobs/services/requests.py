@@ -45,15 +45,11 @@ class QueuedText:
     warning: str | None = None  # NO_WORKER_WARNING when no online worker may be offered it
 
 
-def _require_online_model(model: str, now: datetime) -> None:
-    """A text completion's model must be one an online worker, chat or not, serves now."""
-    if not Worker.objects.online(now).filter(served_models__overlap=[model]).exists():
-        raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
-
-
-def _require_online_chat_model(model: str, now: datetime) -> None:
-    """A chat route's model must be one an online chat worker serves now (`/v1/models`)."""
-    if not Worker.objects.online_chat(now).filter(served_models__overlap=[model]).exists():
+def _require_online_model(model: str, now: datetime, *, chat: bool) -> None:
+    """A /v1 route's model must be one an online worker serves now: a chat worker for a chat
+    (`/v1/models`), any worker for a text completion."""
+    online = Worker.objects.online_chat(now) if chat else Worker.objects.online(now)
+    if not online.filter(served_models__overlap=[model]).exists():
         raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
 
 
@@ -164,20 +160,17 @@ def create_completion_request(
     """Queue a /v1 text completion: a text job of `model` that any of its workers may take (a
     legacy worker too), followed by its requester on the relay."""
     now = now or clock.now()
-    _require_online_model(model, now)
-    return _queue(
+    _require_online_model(model, now, chat=False)
+    return _queue_reply(
         account,
         now=now,
         deadline_at=deadline_at,
+        model=model,
+        prompt=prompt,
+        max_length=max_length,
         kind=TextRequest.Kind.TEXT,
         followed=True,
-        prompt=prompt,
         params={**params, "max_length": max_length},
-        max_length=max_length,
-        max_context_length=max(20, prompt_tokens(prompt)) + max_length,
-        requested_models=[model],
-        n=1,
-        queued=1,
     )
 
 
@@ -193,22 +186,43 @@ def create_chat_request(
 ) -> TextRequest:
     """Queue a chat job for one reply of at most `max_length` tokens from `model`."""
     now = now or clock.now()
-    _require_online_chat_model(model, now)
-    prompt = render_chat_prompt(messages)
+    _require_online_model(model, now, chat=True)
+    return _queue_reply(
+        account,
+        now=now,
+        deadline_at=deadline_at,
+        model=model,
+        prompt=render_chat_prompt(messages),
+        max_length=max_length,
+        kind=TextRequest.Kind.CHAT,
+        messages=messages,
+        params=params,
+    )
+
+
+def _queue_reply(
+    account: Account,
+    *,
+    now: datetime,
+    deadline_at: datetime | None,
+    model: str,
+    prompt: str,
+    max_length: int,
+    **fields: Any,
+) -> TextRequest:
+    """Queue one /v1 reply of at most `max_length` tokens from `model`."""
     return _queue(
         account,
         now=now,
         deadline_at=deadline_at,
-        kind=TextRequest.Kind.CHAT,
         prompt=prompt,
-        messages=messages,
-        params=params,
         max_length=max_length,
         # The worker must hold the prompt and the whole reply in its context.
         max_context_length=max(20, prompt_tokens(prompt)) + max_length,
         requested_models=[model],
         n=1,
         queued=1,
+        **fields,
     )
 
 
