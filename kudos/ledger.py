@@ -1,19 +1,25 @@
 """Posting to the kudos ledger: the one writer of events and of the balances kept from them.
 
-An event's account wallets are locked and updated in wallet id order, so two events never wait
-on each other in a cycle; system wallets keep no balance row, so no event waits on a row that
-every other event writes (the hot row of an inline-balance design). A balance is up to date the
-moment its event commits.
+An event posts in one statement (`kudos.sql.post_event`), on its own or carried by the
+statement of what it pays for. Its account wallets are locked and updated in (account, escrow)
+order, so two events never wait on each other in a cycle; system wallets keep no balance, so
+no event waits on a row that every other event writes (the hot row of an inline-balance
+design). A balance is up to date, and spendable, the moment its event commits.
 """
 
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
+from typing import Any, NamedTuple
 
-from django.db import transaction
-from django.db.models import F
+from django.db import connection
 
-from kudos.models import Event, Posting, Wallet
-from workers.models import Account
+from hordeops import clock
+from kudos import sql
+from kudos.models import Event, Wallet
+from workers.models import ANONYMOUS_API_KEY_HASH
+
+ZERO = Decimal("0.00")
 
 
 class Unbalanced(ValueError):
@@ -22,45 +28,82 @@ class Unbalanced(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
-    wallet: Wallet
+    """What an event moves in (positive) or out of one wallet: an account's (its escrow if
+    `escrow`) or a system wallet."""
+
     amount: Decimal
+    account_id: int | None = None
+    escrow: bool = False
+    system: Wallet.System | None = None
 
 
-def account_wallet(account: Account) -> Wallet:
-    wallet, _ = Wallet.objects.get_or_create(account=account)
-    return wallet
+def to_account(account_id: int, amount: Decimal, *, escrow: bool = False) -> Entry:
+    return Entry(amount=amount, account_id=account_id, escrow=escrow)
 
 
-def system_wallet(system: Wallet.System) -> Wallet:
-    wallet, _ = Wallet.objects.get_or_create(system=system)
-    return wallet
+def to_system(system: Wallet.System, amount: Decimal) -> Entry:
+    return Entry(amount=amount, system=system)
 
 
-def post(*, kind: Event.Kind, key: str, entries: list[Entry], reason: str = "") -> tuple[Event, bool]:
-    """Post an event of `entries` once for `key`: the event, and whether it was posted now (a
-    retry of a posted key changes nothing). Entries must sum to zero; zero amounts are left out."""
-    entries = [entry for entry in entries if entry.amount]
-    if sum((entry.amount for entry in entries), Decimal(0)) != 0:
-        raise Unbalanced(f"the entries of {kind} {key} sum to {sum(e.amount for e in entries)}")
-    with transaction.atomic():
-        event, created = Event.objects.get_or_create(key=key, defaults={"kind": kind, "reason": reason})
-        if not created:
-            return event, False
-        Posting.objects.bulk_create(Posting(event=event, wallet=e.wallet, amount=e.amount) for e in entries)
-        moved: dict[int, Decimal] = {}
-        for entry in entries:
-            if entry.wallet.account_id is not None:
-                moved[entry.wallet.pk] = moved.get(entry.wallet.pk, Decimal(0)) + entry.amount
-        for wallet_id in sorted(moved):  # the stable order: no two events wait on each other
-            Wallet.objects.filter(pk=wallet_id).update(balance=F("balance") + moved[wallet_id])
-    return event, True
+class Posted(NamedTuple):
+    event_id: int
+    posted: bool  # False for a retry of a key already posted: it changed nothing
+    forgiven: Decimal  # what the floor forgave
 
 
-def transfer(*, source: Account, target: Account, amount: Decimal, key: str) -> tuple[Event, bool]:
-    """Move `amount` from one account to another, once for `key`."""
-    debit, credit = account_wallet(source), account_wallet(target)
-    return post(
-        kind=Event.Kind.TRANSFER,
-        key=key,
-        entries=[Entry(debit, -amount), Entry(credit, amount)],
+def event_params(
+    *, kind: Event.Kind, key: str, entries: list[Entry], now: datetime, reason: str = ""
+) -> dict[str, Any]:
+    """The parameters of `kudos.sql.post_event` for one event. Entries must sum to zero; those
+    to one wallet are merged, zero amounts left out, account wallets in their locking order."""
+    accounts: dict[tuple[int, bool], Decimal] = {}
+    systems: dict[str, Decimal] = {}
+    for entry in entries:
+        if entry.account_id is not None:
+            wallet = (entry.account_id, entry.escrow)
+            accounts[wallet] = accounts.get(wallet, ZERO) + entry.amount
+        else:
+            systems[entry.system] = systems.get(entry.system, ZERO) + entry.amount
+    total = sum(accounts.values(), ZERO) + sum(systems.values(), ZERO)
+    if total != 0:
+        raise Unbalanced(f"the entries of {kind} {key} sum to {total}")
+    moved = sorted((wallet, amount) for wallet, amount in accounts.items() if amount)
+    minted = sorted((system, amount) for system, amount in systems.items() if amount)
+    return {
+        "k_kind": kind.value,
+        "k_key": key,
+        "k_reason": reason,
+        "k_now": now,
+        "k_anonymous": ANONYMOUS_API_KEY_HASH,
+        "k_accounts": [account_id for (account_id, _), _ in moved],
+        "k_escrows": [escrow for (_, escrow), _ in moved],
+        "k_amounts": [amount for _, amount in moved],
+        "k_systems": [system for system, _ in minted],
+        "k_system_amounts": [amount for _, amount in minted],
+    }
+
+
+def post(
+    *,
+    kind: Event.Kind,
+    key: str,
+    entries: list[Entry],
+    reason: str = "",
+    now: datetime | None = None,
+) -> Posted:
+    """Post an event of `entries` once for `key` (a retry of a posted key changes nothing)."""
+    params = event_params(kind=kind, key=key, entries=entries, now=now or clock.now(), reason=reason)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.post(), params)
+        event_id, forgiven = cursor.fetchone()
+    if event_id is None:
+        return Posted(Event.objects.get(key=key).pk, posted=False, forgiven=ZERO)
+    return Posted(event_id, posted=True, forgiven=forgiven)
+
+
+def balance(account_id: int, *, escrow: bool = False) -> Decimal:
+    """An account's spendable balance (or its escrow): zero until its first movement."""
+    found = (
+        Wallet.objects.filter(account_id=account_id, escrow=escrow).values_list("balance", flat=True).first()
     )
+    return found if found is not None else ZERO

@@ -37,19 +37,28 @@ class WalletQuerySet(models.QuerySet["Wallet"]):
 
 
 class Wallet(models.Model):
-    """Whose kudos a posting moves: an account's, or one of the horde's system wallets."""
+    """Whose kudos a posting moves: an account's spendable kudos, its evaluation escrow (what an
+    untrusted account earns but may not spend until it is trusted), or one of the horde's system
+    wallets."""
 
     class System(models.TextChoices):
         TREASURY = "treasury", "treasury (what is minted)"
         SINK = "sink", "sink (what is burned)"
 
-    account = models.OneToOneField(
-        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="wallet"
+    account = models.ForeignKey(
+        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="wallets"
     )
+    escrow = models.BooleanField(default=False, db_default=False)
     system = models.CharField(max_length=16, choices=System.choices, null=True, blank=True, unique=True)
     # The balance as its postings sum it, kept by the event that posts to it (account wallets
     # only: a system wallet, which every event moves, keeps no row to update and wait on).
     balance = amount_field(default=ZERO, db_default=ZERO)
+    # The least a spendable balance may be (`kudos.rates.floor`): a movement past it is forgiven.
+    # None for an escrow or a system wallet.
+    floor = amount_field(null=True, blank=True)
+    # What the last movement of this wallet forgave below its floor: how the one statement that
+    # posts an event learns it, to post it as minted (`kudos.sql.post_event`).
+    forgiven = amount_field(default=ZERO, db_default=ZERO)
 
     objects = WalletQuerySet.as_manager()
 
@@ -57,13 +66,16 @@ class Wallet(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(account__isnull=False, system__isnull=True)
-                | Q(account__isnull=True, system__isnull=False),
+                | Q(account__isnull=True, system__isnull=False, escrow=False),
                 name="wallet_account_or_system",
             ),
+            models.UniqueConstraint(fields=["account", "escrow"], name="wallet_one_per_account_and_purpose"),
         ]
 
     def __str__(self) -> str:
-        return self.system or f"wallet of account {self.account_id}"
+        if self.system:
+            return self.system
+        return f"{'escrow' if self.escrow else 'wallet'} of account {self.account_id}"
 
 
 class EventQuerySet(models.QuerySet["Event"]):
@@ -82,6 +94,8 @@ class Event(models.Model):
         TRANSFER = "transfer", "transferred"
         AWARD = "award", "awarded by a moderator"
         FORGIVEN = "forgiven", "forgiven below the floor"
+        TAX = "tax", "the horde tax"
+        PROMOTION = "promotion", "escrow released on trust"
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)

@@ -8,9 +8,16 @@ than linearly: 1,024 tokens is the base.
 
 import math
 import re
+from decimal import Decimal
 
 # What every request pays on top of its cost (the AI Horde's horde tax).
 HORDE_TAX = 1
+# The least a spendable balance may be (`get_min_kudos`): a debit past it is forgiven, and a
+# balance below it is raised to it by its next movement.
+ANONYMOUS_FLOOR = Decimal(-50)
+ACCOUNT_FLOOR = Decimal(25)
+# What a worker earns for staying online, every UPTIME_SECONDS.
+UPTIME_SECONDS = 600
 BASE_CONTEXT = 1024
 # The bridges whose output the AI Horde trusts to be what they claim; others earn 30%. This
 # horde's own bridge is one of them.
@@ -31,6 +38,22 @@ UNKNOWN_MODEL_BILLIONS = 2.7
 # A model name's quantisation suffix (`-Q4_K_M`, `.Q8_0`, `-Q-Int4`): the reference lists the
 # model without it.
 QUANTISATION = re.compile(r"[.,-][a-zA-Z0-9]+?-?Q(-[Ii]nt)?[2-9]{1,2}([_.-][0-9a-zA-Z]+)*")
+
+
+def floor(*, anonymous: bool) -> Decimal:
+    """The least an account's spendable balance may be."""
+    return ANONYMOUS_FLOOR if anonymous else ACCOUNT_FLOOR
+
+
+def kudos(amount: float) -> Decimal:
+    """An amount as the ledger holds it: to the hundredth."""
+    return Decimal(str(round(amount, 2))).quantize(Decimal("0.01"))
+
+
+def escrowed(amount: Decimal, *, uptime: bool) -> Decimal:
+    """The part of an untrusted account's earnings held in escrow: half of a generation's, all
+    of its uptime."""
+    return amount if uptime else kudos(float(amount) / 2)
 
 
 def context_multiplier(context_tokens: int) -> float:
@@ -87,3 +110,14 @@ def request_cost(
     if billions is None:
         return round(max_length * UNKNOWN_MODEL_BILLIONS / 100 * multiplier, 2)
     return round(max_length * _size_bonus(billions) * billions * multiplier / 100, 2)
+
+
+def uptime_reward(*, max_context_length: int, billions: float | None, validated: bool) -> float:
+    """What a worker earns for UPTIME_SECONDS online (`calculate_uptime_reward`): by the context it
+    loads and its first model's size against a 7B one; half the base for an unknown model."""
+    base = 25 + 15 * min(max_context_length, 262_144) / 1024
+    if billions is None:
+        return round(base * 0.5, 2)
+    if not validated:
+        base *= UNVALIDATED_SHARE
+    return round(base * max(billions / 7, 0.25), 2)

@@ -1,5 +1,6 @@
 """The kudos ledger (`kudos.ledger`): balanced, append-only events, each business key posted
-once, and balances that match their postings, under concurrent posting too."""
+once, the floor's forgiveness posted as minted, and balances that match their postings, under
+concurrent posting too."""
 
 import threading
 from decimal import Decimal
@@ -10,56 +11,100 @@ from django.core.management.base import CommandError
 from django.db import IntegrityError, connection, connections, transaction
 
 from kudos import ledger
-from kudos.ledger import Entry
+from kudos.ledger import to_account, to_system
 from kudos.models import Event, Posting, Wallet
+from workers.models import ANONYMOUS_API_KEY_HASH, Account
 from workers.services import create_account
 
+TREASURY, SINK = Wallet.System.TREASURY, Wallet.System.SINK
 
-def _account(name: str):
+
+def _account(name: str) -> Account:
     account, _ = create_account(name=name)
     return account
 
 
-def _balance(account) -> Decimal:
-    return Wallet.objects.get(account=account).balance
+def _balance(account: Account, *, escrow: bool = False) -> Decimal:
+    return ledger.balance(account.pk, escrow=escrow)
 
 
-def _award(account, amount: str, key: str) -> tuple[Event, bool]:
+def _award(account: Account, amount: str, key: str, *, escrow: bool = False) -> ledger.Posted:
     return ledger.post(
         kind=Event.Kind.AWARD,
         key=key,
         entries=[
-            Entry(ledger.system_wallet(Wallet.System.TREASURY), -Decimal(amount)),
-            Entry(ledger.account_wallet(account), Decimal(amount)),
+            to_system(TREASURY, -Decimal(amount)),
+            to_account(account.pk, Decimal(amount), escrow=escrow),
         ],
+    )
+
+
+def _move(source: Account, target: Account, amount: str, key: str) -> ledger.Posted:
+    return ledger.post(
+        kind=Event.Kind.TRANSFER,
+        key=key,
+        entries=[to_account(source.pk, -Decimal(amount)), to_account(target.pk, Decimal(amount))],
     )
 
 
 def test_an_award_is_minted_by_the_treasury_and_the_ledger_sums_to_zero(db):
     alice = _account("alice")
-    event, posted = _award(alice, "12.50", "award:1")
-    assert posted and _balance(alice) == Decimal("12.50")
+    posted = _award(alice, "112.50", "award:1")
+    assert posted.posted and _balance(alice) == Decimal("112.50")
     assert Posting.objects.total() == 0
-    assert Posting.objects.filter(wallet__system=Wallet.System.TREASURY).total() == Decimal("-12.50")
+    assert Posting.objects.filter(wallet__system=TREASURY).total() == Decimal("-112.50")
     call_command("check_kudos")
 
 
 def test_a_retried_event_posts_nothing_twice(db):
     alice, bob = _account("alice"), _account("bob")
-    _award(alice, "10", "award:a")
-    first = ledger.transfer(source=alice, target=bob, amount=Decimal("3"), key="transfer:k1")
-    again = ledger.transfer(source=alice, target=bob, amount=Decimal("3"), key="transfer:k1")
-    assert (first[1], again[1], first[0].pk) == (True, False, again[0].pk)
-    assert (_balance(alice), _balance(bob)) == (Decimal("7.00"), Decimal("3.00"))
+    _award(alice, "100", "award:a")
+    _award(bob, "100", "award:b")
+    first = _move(alice, bob, "3", "transfer:k1")
+    again = _move(alice, bob, "3", "transfer:k1")
+    assert (first.posted, again.posted, first.event_id) == (True, False, again.event_id)
+    assert (_balance(alice), _balance(bob)) == (Decimal("97.00"), Decimal("103.00"))
+
+
+def test_a_debit_past_the_floor_is_forgiven_and_posted_as_minted(db):
+    alice = _account("alice")
+    _award(alice, "30", "award:f")
+    spent = ledger.post(
+        kind=Event.Kind.SPEND,
+        key="spend:1",
+        entries=[to_account(alice.pk, Decimal(-12)), to_system(SINK, Decimal(12))],
+    )
+    # 30 - 12 is below a registered account's floor of 25: the 7 below it are forgiven.
+    assert (_balance(alice), spent.forgiven) == (Decimal("25.00"), Decimal("7.00"))
+    floor = Event.objects.get(key="spend:1:floor")
+    assert floor.kind == Event.Kind.FORGIVEN
+    assert sorted(floor.postings.values_list("amount", flat=True)) == [Decimal("-7.00"), Decimal("7.00")]
+    assert Posting.objects.total() == 0
+    call_command("check_kudos")
+
+
+def test_the_anonymous_account_may_go_down_to_minus_fifty_and_an_escrow_has_no_floor(db):
+    anonymous, _ = Account.objects.get_or_create(
+        api_key_hash=ANONYMOUS_API_KEY_HASH, defaults={"name": "Anonymous"}
+    )
+    alice = _account("alice")
+    ledger.post(
+        kind=Event.Kind.SPEND,
+        key="spend:anon",
+        entries=[to_account(anonymous.pk, Decimal(-80)), to_system(SINK, Decimal(80))],
+    )
+    _award(alice, "3", "award:escrow", escrow=True)
+    assert _balance(anonymous) == Decimal("-50.00")
+    assert (_balance(alice, escrow=True), _balance(alice)) == (Decimal("3.00"), Decimal("0.00"))
+    call_command("check_kudos")
 
 
 def test_entries_that_do_not_sum_to_zero_are_refused_before_and_at_commit(transactional_db):
     alice = _account("alice")
     with pytest.raises(ledger.Unbalanced):
-        ledger.post(
-            kind=Event.Kind.AWARD, key="bad", entries=[Entry(ledger.account_wallet(alice), Decimal(5))]
-        )
-    wallet = ledger.account_wallet(alice)
+        ledger.post(kind=Event.Kind.AWARD, key="bad", entries=[to_account(alice.pk, Decimal(5))])
+    _award(alice, "30", "award:w")
+    wallet = Wallet.objects.get(account=alice, escrow=False)
     # Past the service, the database itself refuses an unbalanced event when it commits.
     with pytest.raises(IntegrityError):
         with transaction.atomic():
@@ -70,11 +115,11 @@ def test_entries_that_do_not_sum_to_zero_are_refused_before_and_at_commit(transa
 
 def test_postings_and_events_are_never_updated_or_deleted(db):
     alice = _account("alice")
-    event, _ = _award(alice, "1", "award:x")
+    event_id = _award(alice, "1", "award:x").event_id
     for change in (
-        lambda: Posting.objects.filter(event=event).update(amount=Decimal(2)),
-        lambda: Posting.objects.filter(event=event).delete(),
-        lambda: Event.objects.filter(pk=event.pk).update(reason="rewritten"),
+        lambda: Posting.objects.filter(event_id=event_id).update(amount=Decimal(2)),
+        lambda: Posting.objects.filter(event_id=event_id).delete(),
+        lambda: Event.objects.filter(pk=event_id).update(reason="rewritten"),
     ):
         with pytest.raises(IntegrityError), transaction.atomic():
             change()
@@ -82,8 +127,8 @@ def test_postings_and_events_are_never_updated_or_deleted(db):
 
 def test_check_kudos_fails_on_a_balance_that_drifted_from_its_postings(db):
     alice = _account("alice")
-    _award(alice, "4", "award:y")
-    Wallet.objects.filter(account=alice).update(balance=Decimal("5"))
+    _award(alice, "40", "award:y")
+    Wallet.objects.filter(account=alice).update(balance=Decimal("41"))
     with pytest.raises(CommandError, match="does not reconcile"):
         call_command("check_kudos")
 
@@ -99,7 +144,7 @@ def test_concurrent_transfers_between_overlapping_accounts_balance_without_deadl
         try:
             for n in range(25):
                 source, target = people[(worker + n) % 4], people[(worker + n + 1 + n % 2) % 4]
-                ledger.transfer(source=source, target=target, amount=Decimal("1.25"), key=f"t:{worker}:{n}")
+                _move(source, target, "1.25", f"t:{worker}:{n}")
         except BaseException as exc:  # handed to the test thread
             errors.append(exc)
         finally:
@@ -120,14 +165,15 @@ def test_concurrent_transfers_between_overlapping_accounts_balance_without_deadl
 @pytest.mark.django_db(transaction=True)
 def test_the_same_key_posted_at_once_by_many_threads_moves_kudos_once():
     alice, bob = _account("alice"), _account("bob")
-    _award(alice, "10", "award:once")
+    _award(alice, "100", "award:once")
+    _award(bob, "100", "award:once-b")
     barrier = threading.Barrier(6)
     posted: list[bool] = []
 
     def retry() -> None:
         try:
             barrier.wait()
-            posted.append(ledger.transfer(source=alice, target=bob, amount=Decimal(2), key="same")[1])
+            posted.append(_move(alice, bob, "2", "same").posted)
         finally:
             connections.close_all()
 
@@ -137,5 +183,5 @@ def test_the_same_key_posted_at_once_by_many_threads_moves_kudos_once():
     for thread in threads:
         thread.join(30)
     assert sorted(posted) == [False] * 5 + [True]
-    assert (_balance(alice), _balance(bob)) == (Decimal("8.00"), Decimal("2.00"))
+    assert (_balance(alice), _balance(bob)) == (Decimal("98.00"), Decimal("102.00"))
     assert connection.vendor == "postgresql"
