@@ -14,8 +14,9 @@ beside the old commit at the same moment. `--profile N` also prints the N costli
 
 It uses the database of bench/route_throughput.py (hordeops_bench_routes) and Redis database
 10, queues --queued requests with `bench/fill.py`, pops 30 jobs to warm up, then measures
---calls pops, --calls progress posts on the chat jobs popped, --calls submits and --calls pops
-of an idle worker (a model nobody asked for, as in bench/idle_fleet.py).
+--calls pops, --calls progress posts on the chat jobs popped, --calls submits, --calls pops
+of an idle worker (a model nobody asked for, as in bench/idle_fleet.py) and --calls text
+requests queued (`async`).
 """
 
 import argparse
@@ -90,7 +91,7 @@ def main() -> None:
 
 
 async def _measure(application, api_key: str, calls: int, profile: int, sort: str) -> dict[str, float]:
-    async def post(path: str, body: dict) -> dict:
+    async def post(path: str, body: dict, expected: int = 200) -> dict:
         raw = json.dumps(body).encode()
         scope = {
             "type": "http",
@@ -126,7 +127,7 @@ async def _measure(application, api_key: str, calls: int, profile: int, sort: st
 
         await application(scope, receive, send)
         content = b"".join(chunks)
-        assert status == [200], (path, status, content[:200])
+        assert status == [expected], (path, status, content[:200])
         return json.loads(content)
 
     body = pop_body("inproc-w")
@@ -164,8 +165,21 @@ async def _measure(application, api_key: str, calls: int, profile: int, sort: st
 
     await pop_idle(0)  # checks the idle worker in
 
+    # A requester's text request, as `/api/v2/generate/text/async` queues it (the horde tax
+    # posted with it); last, so that the queue the pops read is the one filled.
+    async def queue(_: int) -> None:
+        body = {"prompt": "Once upon a time", "models": ["inproc-queued"], "params": {"max_length": 80}}
+        await post("/api/v2/generate/text/async", body, expected=202)
+
+    phases = (
+        ("pop", pop),
+        ("progress", progress),
+        ("submit", submit),
+        ("pop_idle", pop_idle),
+        ("async", queue),
+    )
     figures = {}
-    for name, call in (("pop", pop), ("progress", progress), ("submit", submit), ("pop_idle", pop_idle)):
+    for name, call in phases:
         profiler = cProfile.Profile(time.thread_time) if profile else None
         started = time.process_time()
         if profiler:

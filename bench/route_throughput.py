@@ -183,7 +183,10 @@ def _fill_queue(queued: int) -> str:
 
     reset_tables()
     fill(accounts=20)
-    _, api_key = create_account(name="bench-owner", trusted=True)
+    account, api_key = create_account(name="bench-owner", trusted=True)
+    # It queues requests too (bench/route_inproc.py's async phase): no bound on how many.
+    account.max_waiting_requests = 10**6
+    account.save(update_fields=["max_waiting_requests"])
     fill(queued=queued, n=20 if queued < 1000 else 1)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE jobs_generation, jobs_textrequest, workers_worker, workers_account")

@@ -93,6 +93,21 @@ class TooManyConnections(DomainError):
     retry_after = 1
 
 
+class KudosUpfront(DomainError):
+    """A request that needs its kudos upfront, from an account that cannot cover it (the AI
+    Horde's rc and words)."""
+
+    code = "KudosUpfront"
+    status = 403
+
+    def __init__(self, *, tokens: int, required: object) -> None:
+        super().__init__(
+            f"Due to heavy demand, for requests over {tokens} tokens, the client needs to already "
+            f"have the required kudos. This request requires {required} kudos to fulfil.",
+            tokens=tokens,
+        )
+
+
 class TooManyPrompts(DomainError):
     """The account already has as many waiting or running requests as it may (the AI Horde's rc)."""
 

@@ -6,6 +6,7 @@ from django.db import models
 from django.db.models import F, Func, Q
 from django.utils import timezone
 
+from kudos.models import ZERO, amount_field
 from workers.models import Account, Worker
 
 
@@ -95,6 +96,14 @@ class TextRequest(models.Model):
     # A text request whose requester follows its relay stream (a /v1 text completion): its
     # ending is relayed as a chat request's is, though any worker of its model may take it.
     followed = models.BooleanField(default=False, db_default=False)
+    # The prompt's length in tokens, as the AI Horde counts it (four characters a token): the
+    # context its generations' kudos are reckoned by (`kudos.earning`).
+    prompt_tokens = models.PositiveIntegerField(default=0, db_default=0)
+    # Kudos held for the request while it is active (its cost when queued), and what its
+    # generations have cost so far: the held remainder counts against what its account may
+    # spend (`jobs.spending`), and is released when the request ends.
+    kudos_reserved = amount_field(default=ZERO, db_default=ZERO)
+    kudos_spent = amount_field(default=ZERO, db_default=ZERO)
 
     objects = TextRequestQuerySet.as_manager()
 

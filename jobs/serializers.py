@@ -140,6 +140,7 @@ class TextAsyncInput(HotInput):
     workers = serializers.ListField(child=StrictUUIDField(), max_length=5, default=list)
     trusted_workers = StrictBooleanField(default=False)
     slow_workers = StrictBooleanField(default=True)
+    allow_downgrade = StrictBooleanField(default=False)
     dry_run = StrictBooleanField(default=False)
 
 

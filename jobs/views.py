@@ -84,6 +84,7 @@ class TextAsyncView(APIView):
             workers=data["workers"],
             trusted_workers=data["trusted_workers"],
             slow_workers=data["slow_workers"],
+            allow_downgrade=data["allow_downgrade"],
             dry_run=data["dry_run"],
             deadline_at=deadline_at,
         )

@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_delete, post_migrate, post_save
 
 
 def create_system_wallets(sender, using: str = "default", **kwargs) -> None:
@@ -16,4 +16,8 @@ class KudosConfig(AppConfig):
     verbose_name = "Kudos"
 
     def ready(self) -> None:
+        from kudos import sizes
+
         post_migrate.connect(create_system_wallets, sender=self)
+        for signal in (post_save, post_delete):
+            signal.connect(sizes.forget, sender="kudos.TextModel")

@@ -15,7 +15,6 @@ from django.db.models import Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from kudos.rates import reference_names
 from workers.models import Account
 
 ZERO = Decimal("0.00")
@@ -135,26 +134,13 @@ class Posting(models.Model):
         return f"{self.amount} to {self.wallet_id} ({self.event_id})"
 
 
-class TextModelQuerySet(models.QuerySet["TextModel"]):
-    def billions(self, model: str) -> float | None:
-        """The size of a served model, in billions of parameters, found as the AI Horde finds it
-        (`kudos.rates.reference_names`); None for a model the table does not know."""
-        for name in reference_names(model):
-            found = self.filter(name=name).values_list("parameters", flat=True).first()
-            if found is not None:
-                return found / 1_000_000_000
-        return None
-
-
 class TextModel(models.Model):
     """A text model's size, as the AI Horde's text model reference gives it: what kudos are
     reckoned by (`kudos.rates`). Kept by moderators; `manage.py import_text_models` loads the
-    reference's JSON."""
+    reference's JSON. Read through `kudos.sizes`."""
 
     name = models.CharField(max_length=255, unique=True)
     parameters = models.PositiveBigIntegerField()
-
-    objects = TextModelQuerySet.as_manager()
 
     class Meta:
         ordering = ("name",)

@@ -1,6 +1,7 @@
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -29,6 +30,15 @@ def _no_cached_discovery() -> None:
     from workers import details
 
     cache.delete_many([*discovery.CACHE_KEYS, status.POSITION_MARKERS_KEY, details.ONLINE_LIST_KEY])
+
+
+@pytest.fixture(autouse=True)
+def _no_model_sizes_of_another_test() -> None:
+    # Each process keeps a snapshot of the model table (kudos/sizes.py); a rolled-back test's
+    # rows would outlive it there.
+    from kudos import sizes
+
+    sizes.forget()
 
 
 @pytest.fixture(autouse=True)
@@ -131,6 +141,21 @@ def owner(make_caller) -> Caller:
 @pytest.fixture
 def trusted_owner(make_caller) -> Caller:
     return make_caller("trusted-owner", trusted=True)
+
+
+def give_kudos(caller: Caller, amount: str = "100000") -> None:
+    """Award `caller`'s account kudos, minted: enough to queue requests that need them upfront."""
+    from kudos import ledger
+    from kudos.models import Event, Wallet
+
+    ledger.post(
+        kind=Event.Kind.AWARD,
+        key=f"award:{caller.account.pk}:{uuid.uuid4()}",
+        entries=[
+            ledger.to_system(Wallet.System.TREASURY, -Decimal(amount)),
+            ledger.to_account(caller.account.pk, Decimal(amount)),
+        ],
+    )
 
 
 def queue_chat(requester: Caller, max_length: int, content: str = "hi", model: str = "chat-model"):

@@ -17,7 +17,8 @@ logger = logging.getLogger(__name__)
 
 
 def posted_generation(*, api_key: str | None, generation_id: UUID) -> Generation:
-    """The generation a worker posts to, once the key is known and owns its worker.
+    """The generation a worker posts to, once the key is known and owns its worker (loaded as
+    the worker's account, with its trust).
 
     The key is checked in the generation's own statement: a bad key is refused before a bad
     id, as when authenticating came first."""
@@ -29,6 +30,7 @@ def posted_generation(*, api_key: str | None, generation_id: UUID) -> Generation
         raise errors.InvalidJobID()
     if generation.worker.account_id != post.caller.id:
         raise errors.WrongCredentials()
+    generation.worker.account = post.caller
     return generation
 
 

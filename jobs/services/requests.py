@@ -5,6 +5,7 @@ import logging
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -13,9 +14,11 @@ from django.db import connection, transaction
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
-from jobs import sql
+from jobs import spending, sql
 from jobs.models import Generation, TextRequest
 from jobs.status import eligible_workers
+from kudos import ledger, rates
+from kudos.models import Event, Wallet
 from workers.models import Account, Worker
 
 logger = logging.getLogger(__name__)
@@ -41,7 +44,7 @@ NO_WORKER_WARNING = (
 @dataclass(frozen=True)
 class QueuedText:
     request: TextRequest | None  # None on a dry run
-    kudos: int
+    kudos: int  # what it is expected to cost, the horde tax included, in whole kudos
     warning: str | None = None  # NO_WORKER_WARNING when no online worker may be offered it
 
 
@@ -63,76 +66,131 @@ def create_text_request(
     trusted_workers: bool,
     slow_workers: bool,
     dry_run: bool,
+    allow_downgrade: bool = False,
     deadline_at: datetime | None = None,
     now: datetime | None = None,
 ) -> QueuedText:
-    """Queue a text request; return it (None on a dry run), its kudos estimate, and a warning
-    when no online worker may be offered it now.
+    """Queue a text request; return it (None on a dry run), its cost, and a warning when no
+    online worker may be offered it now.
 
     As on the AI Horde, a request is accepted whatever models it names, even when no worker
     serves them (yet): one may start, or restart and redeclare its models, within the
-    request's life."""
+    request's life. One that needs its kudos upfront (`jobs.spending`) from an account that
+    cannot cover them is refused with KudosUpfront, or asks for fewer tokens if it allows a
+    downgrade."""
     now = now or clock.now()
     n = params.pop("n", 1)
     max_length = params.get("max_length", 80)
     max_context_length = params.get("max_context_length", 2048)
     if max_context_length < max_length:
         raise errors.TokenOverflow()
-    kudos = round(max_length * n / 10)  # the AI Horde answers whole kudos
+    cost = spending.request_cost(
+        models=models, max_length=max_length, max_context_length=max_context_length, n=n
+    )
     if workers:
         known = set(Worker.objects.filter(pk__in=workers).values_list("pk", flat=True))
         missing = [str(w) for w in workers if w not in known]
         if missing:
             raise errors.WorkerNotFound(f"No worker with id {missing[0]}.")
     if dry_run:
-        return QueuedText(request=None, kudos=kudos)
-    request = _queue(
-        account,
-        now=now,
-        deadline_at=deadline_at,
-        kind=TextRequest.Kind.TEXT,
-        prompt=prompt,
-        params=params,
-        max_length=max_length,
-        max_context_length=max_context_length,
-        requested_models=models,
-        allowed_workers=workers,
-        trusted_workers=trusted_workers,
-        slow_workers=slow_workers,
-        n=n,
-        queued=n,
-    )
+        return QueuedText(request=None, kudos=_whole(cost))
+    fields = {
+        "kind": TextRequest.Kind.TEXT,
+        "prompt": prompt,
+        "params": params,
+        "max_length": max_length,
+        "max_context_length": max_context_length,
+        "requested_models": models,
+        "allowed_workers": workers,
+        "trusted_workers": trusted_workers,
+        "slow_workers": slow_workers,
+        "n": n,
+        "queued": n,
+    }
+    upfront, tokens = spending.needs_upfront(max_length=max_length, slow_workers=slow_workers, now=now)
+    try:
+        request = _queue(account, now=now, deadline_at=deadline_at, upfront=upfront, **fields)
+    except errors.KudosUpfront:
+        if not allow_downgrade:
+            raise
+        # The AI Horde's downgrade: as many tokens as need no kudos upfront, slow workers welcome.
+        max_length = min(max_length, tokens)
+        fields.update(max_length=max_length, params={**params, "max_length": max_length}, slow_workers=True)
+        request = _queue(account, now=now, deadline_at=deadline_at, upfront=False, **fields)
     warning = None if eligible_workers(request, now=now)["workers"] else NO_WORKER_WARNING
-    return QueuedText(request=request, kudos=kudos, warning=warning)
+    return QueuedText(request=request, kudos=_whole(request.kudos_reserved), warning=warning)
 
 
-def _queue(account: Account, *, now: datetime, deadline_at: datetime | None, **fields: Any) -> TextRequest:
-    """Admit the request within the account's bound and queue it at its fair rank; it lives
-    until its lifetime or its deadline, whichever is sooner.
+def _whole(cost: Decimal) -> int:
+    """A request's cost with the horde tax, in whole kudos as the AI Horde answers it."""
+    return round(cost + rates.HORDE_TAX)
 
-    Refused past the account's bound of waiting or running requests; else its `fair_rank` is
-    how many the account has. The account's lock, the count and the INSERT (`sql.queue_request`)
-    go in one round trip with the transaction's start, its commit in a second.
+
+def _queue(
+    account: Account, *, now: datetime, deadline_at: datetime | None, upfront: bool = False, **fields: Any
+) -> TextRequest:
+    """Admit the request within the account's bound (and, where `upfront`, what it may spend)
+    and queue it at its fair rank, its cost held and the horde tax paid; it lives until its
+    lifetime or its deadline, whichever is sooner.
+
+    Refused past the account's bound of waiting or running requests, or, where `upfront`, past
+    what it may spend; else its `fair_rank` is how many the account has, and its priority the
+    account's balance. The account's lock, the count and the INSERT (`sql.queue_request`) go in
+    one round trip with the transaction's start, its commit in a second.
     """
     request = TextRequest(
         account=account,
         created_at=now,
         expires_at=_expiry(now, deadline_at),
         deadline_at=deadline_at,
+        prompt_tokens=prompt_tokens(fields["prompt"]),
         **fields,
     )
+    request.kudos_reserved = spending.request_cost(
+        models=request.requested_models,
+        max_length=request.max_length,
+        max_context_length=request.max_context_length,
+        n=request.n,
+    )
     limit = account.waiting_requests_limit
-    params = {**insert_values(request, exclude=("fair_rank",)), "limit": limit}
+    upfront_cost = request.kudos_reserved + rates.HORDE_TAX
+    params = {
+        **insert_values(request, exclude=("fair_rank", "priority")),
+        "limit": limit,
+        "upfront": upfront,
+        "upfront_cost": upfront_cost,
+        "floor": rates.floor(anonymous=account.is_anonymous),
+        **horde_tax(account_id=account.pk, request_id=request.pk, now=now),
+    }
     with transaction.atomic(), pipelined() as cursor:
         cursor.execute(sql.LOCK_ACCOUNT, {"account_id": account.pk})
         cursor.execute(sql.queue_request(), params)
-        admitted = cursor.fetchone()
-    if admitted is None:
+        rank, active, available = cursor.fetchone()
+    if rank is None and active >= limit:
         # Counted to the limit: an account refused has exactly as many as it may.
         raise errors.TooManyPrompts(count=limit, limit=limit)
-    request.fair_rank = admitted[0]
+    if rank is None:
+        tokens = spending.needs_upfront(
+            max_length=request.max_length, slow_workers=request.slow_workers, now=now
+        )[1]
+        logger.info("refused a request needing %s kudos upfront: %s could be spent", upfront_cost, available)
+        raise errors.KudosUpfront(tokens=tokens, required=upfront_cost)
+    request.fair_rank = rank
     request._state.adding, request._state.db = False, connection.alias
     return request
+
+
+def horde_tax(*, account_id: int, request_id: UUID, now: datetime) -> dict[str, Any]:
+    """The event that pays a queued request's horde tax, burned."""
+    return ledger.event_params(
+        kind=Event.Kind.TAX,
+        key=f"tax:{request_id}",
+        entries=[
+            ledger.to_account(account_id, -Decimal(rates.HORDE_TAX)),
+            ledger.to_system(Wallet.System.SINK, Decimal(rates.HORDE_TAX)),
+        ],
+        now=now,
+    )
 
 
 def _expiry(now: datetime, deadline_at: datetime | None) -> datetime:

@@ -15,6 +15,7 @@ from jobs.models import Ending, Generation
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
 from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
 from jobs.services.requests import estimate_tokens
+from kudos.earning import Earner, Settlement, settle_generation
 from workers.models import Worker
 from workers.services import count_aborts
 
@@ -31,7 +32,8 @@ def submit_generation(
     gen_metadata: list[dict[str, Any]],
     now: datetime | None = None,
 ) -> float:
-    """Accept a worker's result, or its giving the job back; return the reward.
+    """Accept a worker's result, or its giving the job back; return the reward: the kudos
+    posted to the worker's owner (`kudos.earning`).
 
     The job of a request cancelled meanwhile (by its requester or its deadline) is refused
     with GenerationCancelled, which tells a chat worker to stop; a legacy worker's submit of it
@@ -46,10 +48,6 @@ def submit_generation(
         if generation.worker.chat:
             raise
         return 0.0  # its text goes to no one, and nothing counts it towards the worker's totals
-
-
-def _reward(tokens: int) -> float:
-    return round(tokens / 10, 2)
 
 
 def _submit(
@@ -78,9 +76,9 @@ def _submit(
             tokens = claims.tokens(
                 int(reported), max_length=text_request.max_length, output_bytes=len(text.encode())
             )
-    reward = _reward(tokens)
+    settlement = settle(generation, tokens=tokens, result=state, now=now)
     # One statement, so one implicit transaction (`sql.accept`): the generation's
-    # compare-and-set, the request's count and the worker's speed.
+    # compare-and-set, the request's count, the worker's speed and the kudos it settles.
     with connection.cursor() as cursor:
         cursor.execute(
             sql.accept(),
@@ -92,11 +90,13 @@ def _submit(
                 "seed": seed,
                 "gen_metadata": json.dumps(gen_metadata),
                 "tokens": tokens,
-                "reward": reward,
+                "reward": settlement.earned,
+                "cost": settlement.cost,
                 "sample": claims.speed_sample(
                     tokens=tokens, seconds=(now - generation.popped_at).total_seconds()
                 ),
                 "window": Worker.SPEED_WINDOW,
+                **settlement.params,
             },
         )
         (accepted,) = cursor.fetchone()
@@ -109,7 +109,28 @@ def _submit(
             lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish),
             robust=True,
         )
-    return reward
+    return float(settlement.earned)
+
+
+def settle(generation: Generation, *, tokens: int, result: str, now: datetime) -> Settlement:
+    """The kudos event of `generation` (loaded by `posted_generation`) delivering `tokens`."""
+    worker, text_request = generation.worker, generation.request
+    return settle_generation(
+        generation_id=generation.pk,
+        model=generation.model,
+        tokens=tokens,
+        prompt_tokens=text_request.prompt_tokens,
+        max_length=text_request.max_length,
+        earner=Earner(
+            account_id=worker.account_id,
+            trusted=worker.account.trusted,
+            anonymous=worker.account.is_anonymous,
+            bridge_agent=worker.bridge_agent,
+        ),
+        payer_id=text_request.account_id,
+        result=result,
+        now=now,
+    )
 
 
 def _relay_done(request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str) -> None:

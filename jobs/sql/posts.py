@@ -14,6 +14,7 @@ from jobs.sql.names import (
     REQUESTS,
     WORKERS,
 )
+from kudos.sql import post_event
 from workers.models import Account, Worker
 
 # -- Who posts: the worker routes' first read --------------------------------------------------
@@ -21,10 +22,10 @@ from workers.models import Account, Worker
 # The caller's account, the generation, its worker and its request, each with the fields the
 # posts read (None: all of them); the rest load on access.
 WORKER_POST_PARTS = (
-    (Account, ("id",)),
+    (Account, ("id", "api_key_hash", "trusted")),
     (Generation, None),
-    (Worker, ("account", "chat")),
-    (TextRequest, ("kind", "state", "max_length", "deadline_at", "followed")),
+    (Worker, ("account", "chat", "bridge_agent")),
+    (TextRequest, ("kind", "state", "max_length", "deadline_at", "followed", "account", "prompt_tokens")),
 )
 
 
@@ -61,7 +62,9 @@ def renew() -> str:
 def accept() -> str:
     """A submit's result, in one statement: the compare-and-set on the generation (whichever of
     the submit and the stale pass gets the row first wins; the other sees state != processing
-    and changes nothing), the request's count and the worker's speed. Returns 1 if accepted."""
+    and changes nothing), the request's count and cost, the worker's speed, and the kudos event
+    that settles the generation (`kudos.sql.post_event`, posted only if accepted). Returns 1 if
+    accepted."""
     return f"""
     WITH accepted AS (
         UPDATE {GENERATIONS} SET
@@ -74,6 +77,7 @@ def accept() -> str:
     counted AS (
         UPDATE {REQUESTS} AS t SET
             finished = t.finished + 1,
+            kudos_spent = t.kudos_spent + %(cost)s,
             state = CASE WHEN t.state = '{ACTIVE}' AND t.finished >= t.n - 1 AND t.queued = 0
                          THEN '{REQUEST_DONE}' ELSE t.state END
         FROM accepted AS a WHERE t.id = a.request_id
@@ -92,7 +96,8 @@ def accept() -> str:
             kudos_rewards = w.kudos_rewards + %(reward)s
         FROM accepted AS a WHERE w.id = a.worker_id
         RETURNING w.id
-    )
+    ),
+    {post_event(guard="EXISTS (SELECT FROM accepted)")}
     -- Data-modifying WITH statements always run to completion, read or not.
     SELECT count(*) FROM accepted
 """

@@ -3,7 +3,7 @@
 from functools import cache
 
 from hordeops.rows import columns, insert_columns
-from jobs import eligibility
+from jobs import eligibility, spending
 from jobs.models import QUEUE_SHAPE, TextRequest
 from jobs.sql.names import (
     ACCOUNTS,
@@ -15,6 +15,7 @@ from jobs.sql.names import (
     TEXT,
     folded,
 )
+from kudos.sql import WALLETS, post_event
 
 # -- The pop ---------------------------------------------------------------------------------
 
@@ -193,22 +194,38 @@ LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR UPDATE"
 
 @cache
 def queue_request() -> str:
-    """Insert the request (`insert_values` of it, but its fair rank) at its fair rank, the
-    account's waiting or running requests (counted to %(limit)s, on `request_active_by_account`),
-    if they are fewer than %(limit)s; return the rank, or nothing where the account is at its bound.
+    """Insert the request (`insert_values` of it, but its fair rank and priority) at its fair
+    rank, the account's waiting or running requests (counted to %(limit)s, on
+    `request_active_by_account`), if they are fewer than %(limit)s and, where %(upfront)s, the
+    account can spend %(upfront_cost)s: its balance less %(floor)s less what its active requests
+    hold (`jobs.spending`). Its priority is the account's balance. The horde tax is posted with
+    it (`kudos.sql.post_event`). Returns the rank (NULL where refused), the account's count and
+    what it could spend (NULL where not %(upfront)s).
 
     Run after LOCK_ACCOUNT in the same transaction: a statement of its own, so that its
-    snapshot, taken once the lock is held, sees every request the account queued before.
+    snapshot, taken once the lock is held, sees every request the account queued before and
+    every spend it made.
     """
-    names, values = insert_columns(TextRequest, exclude=("fair_rank",))
+    names, values = insert_columns(TextRequest, exclude=("fair_rank", "priority"))
     return folded(f"""
-        INSERT INTO {REQUESTS} ({names}, fair_rank)
-        SELECT {values}, a.active FROM (
-            SELECT count(*) AS active FROM (
-                SELECT 1 FROM {REQUESTS} AS r
-                WHERE r.account_id = %(account_id)s AND r.state = '{ACTIVE}' LIMIT %(limit)s
-            ) AS r
-        ) AS a
-        WHERE a.active < %(limit)s
-        RETURNING fair_rank
+        WITH admission AS (
+            SELECT a.active, COALESCE(w.balance, 0) AS balance,
+                   CASE WHEN %(upfront)s THEN COALESCE(w.balance, 0) - %(floor)s - {spending.HELD_SQL} END
+                       AS available
+            FROM (
+                SELECT count(*) AS active FROM (
+                    SELECT 1 FROM {REQUESTS} AS r
+                    WHERE r.account_id = %(account_id)s AND r.state = '{ACTIVE}' LIMIT %(limit)s
+                ) AS r
+            ) AS a
+            LEFT JOIN {WALLETS} AS w ON w.account_id = %(account_id)s AND NOT w.escrow
+        ),
+        queued AS (
+            INSERT INTO {REQUESTS} ({names}, fair_rank, priority)
+            SELECT {values}, a.active, {spending.priority_sql("a.balance")} FROM admission AS a
+            WHERE a.active < %(limit)s AND (NOT %(upfront)s OR a.available >= %(upfront_cost)s)
+            RETURNING fair_rank
+        ),
+        {post_event(guard="EXISTS (SELECT FROM queued)")}
+        SELECT (SELECT fair_rank FROM queued), a.active, a.available FROM admission AS a
     """)

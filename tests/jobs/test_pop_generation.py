@@ -13,7 +13,7 @@ from rest_framework.renderers import JSONRenderer
 from jobs.models import Generation, TextRequest
 from jobs.services import EmptyPop, pop, pop_generation
 from jobs.services.pop import RecentSkips
-from tests.conftest import multiply_rows
+from tests.conftest import give_kudos, multiply_rows
 from workers.models import Worker
 
 POP = {
@@ -168,6 +168,7 @@ def test_after_one_account_queues_a_thousand_another_accounts_request_is_offered
 def test_the_pop_filters_by_model_length_context_and_trust(
     requester, owner, request_body, worker_body, offered
 ):
+    give_kudos(requester)  # a request of over 512 tokens needs its kudos upfront
     owner.pop("other", models=["m1", "m2"])  # another worker keeps both models known
     worker_body = {"models": ["m1"], **worker_body}
     owner.pop("w", **worker_body)

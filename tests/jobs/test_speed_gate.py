@@ -8,7 +8,7 @@ from django.utils import timezone
 from hordeops import metrics
 from jobs.models import Generation, TextRequest
 from jobs.services import abort_stale_generations
-from tests.conftest import queue_chat
+from tests.conftest import give_kudos, queue_chat
 from workers.models import Worker
 
 DECLARED = {"models": ["chat-model"], "chat": True, "max_length": 16384, "max_context_length": 32768}
@@ -94,6 +94,7 @@ def test_a_worker_that_cannot_finish_even_within_its_cap_is_the_last_resort(requ
 def test_a_legacy_text_job_is_offered_whatever_its_length(requester, owner, trusted_owner):
     _worker(trusted_owner, "fast", 1000)
     _worker(owner, "slow", 1)
+    give_kudos(requester)  # a request of over 512 tokens needs its kudos upfront
     requester.request_text(models=["chat-model"], params={"max_length": 16384, "max_context_length": 32768})
     generation = _pop(owner, "slow")
     assert generation is not None

@@ -50,7 +50,9 @@ def test_a_request_only_an_offline_or_too_small_worker_serves_carries_the_warnin
     assert offline.json()["message"] == NO_WORKER_WARNING
 
 
-@pytest.mark.parametrize(("max_length", "n", "kudos"), [(80, 1, 8), (85, 1, 8), (75, 3, 22), (16, 1, 2)])
+# A request naming no model costs what a 13B model's does: max_length x 13 x 3.4 (the context
+# multiplier of 2,048 tokens) / 100 per job, and the horde tax of 1.
+@pytest.mark.parametrize(("max_length", "n", "kudos"), [(80, 1, 36), (85, 1, 39), (75, 3, 100), (16, 1, 8)])
 def test_the_kudos_estimate_is_whole_as_the_ai_horde_rounds_it(requester, max_length, n, kudos):
     params = {"max_length": max_length, "n": n}
     created = requester.request_text(params=params)

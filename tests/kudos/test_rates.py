@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from kudos import rates
+from kudos import rates, sizes
 from kudos.models import TextModel
 
 
@@ -59,13 +59,13 @@ def test_the_model_table_finds_a_served_model_by_its_name_less_user_and_quantisa
     path.write_text(json.dumps(reference))
     call_command("import_text_models", str(path))
     assert TextModel.objects.count() == 2
-    assert TextModel.objects.billions("koboldcpp/Fimbulvetr-11B-v2-GGUF-Q4_K_M") == 11
-    assert TextModel.objects.billions("aphrodite/Qwen-14B::alice") == 14
-    assert TextModel.objects.billions("koboldcpp/unlisted-7B") is None
+    assert sizes.billions("koboldcpp/Fimbulvetr-11B-v2-GGUF-Q4_K_M") == 11
+    assert sizes.billions("aphrodite/Qwen-14B::alice") == 14
+    assert sizes.billions("koboldcpp/unlisted-7B") is None
     reference["aphrodite/Qwen-14B"]["parameters"] = 15000000000
     path.write_text(json.dumps(reference))
     call_command("import_text_models", str(path))  # updated, not doubled
-    assert (TextModel.objects.count(), TextModel.objects.billions("aphrodite/Qwen-14B")) == (2, 15)
+    assert (TextModel.objects.count(), sizes.billions("aphrodite/Qwen-14B")) == (2, 15)
     path.write_text("[1, 2]")
     with pytest.raises(CommandError):
         call_command("import_text_models", str(path))

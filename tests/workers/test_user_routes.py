@@ -17,7 +17,9 @@ def test_find_user_shows_the_keys_own_account_with_its_workers_and_contributions
     assert user["worker_count"] == 2
     assert sorted(user["worker_ids"]) == sorted(str(w.id) for w in owner.account.workers.all())
     assert user["records"] == {"contribution": {"tokens": 64}, "fulfillment": {"text": 1}}
-    assert user["kudos"] == 6.4  # what its workers were rewarded: 64 tokens / 10
+    # What its workers were rewarded: an unknown model earns an untrusted worker the context
+    # multiplier alone (a 20-token context: 1.2 + 2.2 ^ log2(20 / 1,024)).
+    assert user["kudos"] == 1.21
     assert (user["trusted"], user["moderator"], user["concurrency"]) == (False, False, 30)
 
 

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from kudos.models import TextModel
 from workers.models import Account, Worker
 
 
@@ -54,17 +55,20 @@ def test_a_worker_is_found_by_id_or_name_online_or_not_and_its_owner_sees_more(r
 
 
 def test_a_workers_counters_follow_its_accepted_submits(requester, owner):
-    owner.pop("counted", models=["m1"])
+    TextModel.objects.create(name="m1", parameters=13_000_000_000)
+    bridge = {"bridge_agent": "AI Horde Worker:1:https://example.org"}
+    owner.pop("counted", models=["m1"], **bridge)
     requester.request_text(models=["m1"], params={"max_length": 40})
-    job = owner.pop("counted", models=["m1"]).json()
+    job = owner.pop("counted", models=["m1"], **bridge).json()
     owner.submit(job["id"], "y" * 400)
     details = requester.client.get("/api/v2/workers/name/counted").json()
+    # 40 tokens of a 13B model, a 20-token context: 40 x 13 / 125 x (1.2 + 2.2 ^ log2(20 / 1,024)).
     assert (details["requests_fulfilled"], details["tokens_generated"], details["kudos_rewards"]) == (
         1,
         40,
-        4.0,
+        5.04,
     )
-    assert details["kudos_details"] == {"generated": 4.0, "uptime": 0}
+    assert details["kudos_details"] == {"generated": 5.04, "uptime": 0}
     assert details["performance"].endswith(" tokens per second")
 
 

@@ -3,6 +3,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from kudos import sizes
 from kudos.models import TextModel
 
 
@@ -22,7 +23,7 @@ class Command(BaseCommand):
             raise CommandError(f"{path}: {exc}") from None
         if not isinstance(reference, dict):
             raise CommandError(f"{path}: not a JSON object of models")
-        sizes = {
+        found = {
             name: int(entry["parameters"])
             for name, entry in reference.items()
             if isinstance(entry, dict)
@@ -30,10 +31,11 @@ class Command(BaseCommand):
             and int(entry["parameters"]) > 0
         }
         TextModel.objects.bulk_create(
-            [TextModel(name=name[:255], parameters=size) for name, size in sizes.items()],
+            [TextModel(name=name[:255], parameters=size) for name, size in found.items()],
             update_conflicts=True,
             unique_fields=["name"],
             update_fields=["parameters"],
         )
-        skipped = len(reference) - len(sizes)
-        self.stdout.write(f"{len(sizes)} text models loaded, {skipped} without a size skipped")
+        sizes.forget()
+        skipped = len(reference) - len(found)
+        self.stdout.write(f"{len(found)} text models loaded, {skipped} without a size skipped")
