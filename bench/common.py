@@ -51,12 +51,17 @@ def reset_tables() -> None:
     from django_redis import get_redis_connection
 
     from jobs.models import Generation, TextRequest
+    from kudos.apps import create_system_wallets
+    from kudos.models import Event, Posting, Wallet
     from workers.models import Account, Worker
 
-    tables = ", ".join(m._meta.db_table for m in (Generation, TextRequest, Worker))
+    # The ledger too: TRUNCATE fires none of its append-only triggers, which are per row.
+    models = (Generation, TextRequest, Worker, Posting, Event, Wallet)
+    tables = ", ".join(m._meta.db_table for m in models)
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {tables} CASCADE")
     Account.objects.exclude(name="Anonymous").delete()
+    create_system_wallets(sender=None)
     get_redis_connection("default").flushdb()
 
 

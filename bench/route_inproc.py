@@ -55,11 +55,21 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=5000)
     parser.add_argument("--profile", type=int, default=0, help="print the N costliest functions")
     parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help="the phases to measure, of " + ", ".join(PHASES) + " (submits without pops submit jobs "
+        "popped beforehand, --prepop of them, unmeasured)",
+    )
+    parser.add_argument("--prepop", type=int, default=300)
+    parser.add_argument(
         "--sort", choices=("tottime", "cumulative"), default="tottime", help="the profile's order"
     )
     args = parser.parse_args()
     prepare_database(DB_NAME, _env())
     os.environ.update(_env())
+    # One key makes every call: no rate limit measured, only the routes.
+    os.environ.update(KEY_RATE_PER_SECOND="1000000", KEY_RATE_BURST="1000000")
+    os.environ.update(ADDRESS_RATE_PER_SECOND="1000000", ADDRESS_RATE_BURST="1000000")
     # The view runs on the event loop's thread here, which Django refuses by default.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     import django
@@ -72,7 +82,10 @@ def main() -> None:
     from hordeops.asgi import application, django_application
 
     django_application.application._sync_threads = InlineExecutor()
-    figures = asyncio.run(_measure(application, api_key, args.calls, args.profile, args.sort))
+    phases = args.phases.split(",")
+    figures = asyncio.run(
+        _measure(application, api_key, args.calls, args.profile, args.sort, phases, args.prepop)
+    )
     print(
         json.dumps(
             {
@@ -90,7 +103,12 @@ def main() -> None:
     )
 
 
-async def _measure(application, api_key: str, calls: int, profile: int, sort: str) -> dict[str, float]:
+PHASES = ("pop", "progress", "submit", "pop_idle", "async")
+
+
+async def _measure(
+    application, api_key: str, calls: int, profile: int, sort: str, only: list[str], prepop: int
+) -> dict[str, float]:
     async def post(path: str, body: dict, expected: int = 200) -> dict:
         raw = json.dumps(body).encode()
         scope = {
@@ -145,6 +163,9 @@ async def _measure(application, api_key: str, calls: int, profile: int, sort: st
 
     for i in range(30):  # warm-up
         await pop(i)
+    if "submit" in only and "pop" not in only:
+        for i in range(prepop):  # the jobs the submits submit, popped unmeasured
+            await pop(i)
 
     async def progress(i: int) -> None:
         job_id = chats[i % len(chats)]
@@ -180,6 +201,8 @@ async def _measure(application, api_key: str, calls: int, profile: int, sort: st
     )
     figures = {}
     for name, call in phases:
+        if name not in only:
+            continue
         profiler = cProfile.Profile(time.thread_time) if profile else None
         started = time.process_time()
         if profiler:

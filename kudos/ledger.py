@@ -7,6 +7,7 @@ no event waits on a row that every other event writes (the hot row of an inline-
 design). A balance is up to date, and spendable, the moment its event commits.
 """
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -67,19 +68,21 @@ def event_params(
     total = sum(accounts.values(), ZERO) + sum(systems.values(), ZERO)
     if total != 0:
         raise Unbalanced(f"the entries of {kind} {key} sum to {total}")
-    moved = sorted((wallet, amount) for wallet, amount in accounts.items() if amount)
-    minted = sorted((system, amount) for system, amount in systems.items() if amount)
+    # As JSON text, each a parameter psycopg sends as it is (arrays of numbers cost it more).
+    moved = [
+        [account_id, escrow, str(amount)]
+        for (account_id, escrow), amount in sorted(accounts.items())
+        if amount
+    ]
+    minted = {str(system): str(amount) for system, amount in systems.items() if amount}
     return {
         "k_kind": kind.value,
         "k_key": key,
         "k_reason": reason,
         "k_now": now,
         "k_anonymous": ANONYMOUS_API_KEY_HASH,
-        "k_accounts": [account_id for (account_id, _), _ in moved],
-        "k_escrows": [escrow for (_, escrow), _ in moved],
-        "k_amounts": [amount for _, amount in moved],
-        "k_systems": [system for system, _ in minted],
-        "k_system_amounts": [amount for _, amount in minted],
+        "k_moves": json.dumps(moved),
+        "k_systems": json.dumps(minted),
     }
 
 

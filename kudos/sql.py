@@ -40,9 +40,8 @@ def post_event(*, guard: str = "true") -> str:
             RETURNING id
         ),
         k_moves AS (
-            SELECT * FROM unnest(%(k_accounts)s::bigint[], %(k_escrows)s::boolean[],
-                                 %(k_amounts)s::numeric[])
-                WITH ORDINALITY AS m(account_id, escrow, amount, i)
+            SELECT (e->>0)::bigint AS account_id, (e->>1)::boolean AS escrow, (e->>2)::numeric AS amount, i
+            FROM jsonb_array_elements(%(k_moves)s::jsonb) WITH ORDINALITY AS x(e, i)
         ),
         k_moved AS (
             INSERT INTO {WALLETS} AS w (account_id, escrow, floor, balance, forgiven)
@@ -62,10 +61,9 @@ def post_event(*, guard: str = "true") -> str:
             SELECT e.id, w.id, m.amount
             FROM k_event AS e, k_moved AS w JOIN k_moves AS m USING (account_id, escrow)
             UNION ALL
-            SELECT e.id, s.id, x.amount
-            FROM k_event AS e,
-                 unnest(%(k_systems)s::varchar[], %(k_system_amounts)s::numeric[]) AS x(system, amount)
-                 JOIN {WALLETS} AS s ON s.system = x.system
+            SELECT e.id, s.id, (x.value)::numeric
+            FROM k_event AS e, jsonb_each_text(%(k_systems)s::jsonb) AS x
+                 JOIN {WALLETS} AS s ON s.system = x.key
             RETURNING id
         ),
         k_floored AS (
