@@ -4,6 +4,12 @@ Run:  .venv/bin/python bench/route_inproc.py [--calls 2000] [--queued 5000] [--p
 
 (under a minute; the JSON goes to stdout, a profile, if asked for, to stderr.)
 
+Instructions per call, steadier than CPU time on a busy machine (one phase, instrumented alone):
+
+    valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=/tmp/cg.out \
+        .venv/bin/python bench/route_inproc.py --callgrind --phases submit --calls 100 --queued 600
+    grep -E '^(summary|totals):' /tmp/cg.out    # / 100
+
 `bench/studies/route_cpu.py` reads a gunicorn worker's CPU from /proc, in clock ticks, with the HTTP
 server's share in it. This calls `hordeops.asgi.application` directly, as uvicorn would, and
 runs the sync view inline on the calling thread (the ASGI handler's thread pool swapped for an
@@ -27,6 +33,7 @@ import io
 import json
 import os
 import pstats
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,6 +69,11 @@ def main() -> None:
     )
     parser.add_argument("--prepop", type=int, default=300)
     parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="under `valgrind --tool=callgrind --instr-atstart=no`: instrument the measured calls only",
+    )
+    parser.add_argument(
         "--sort", choices=("tottime", "cumulative"), default="tottime", help="the profile's order"
     )
     args = parser.parse_args()
@@ -84,7 +96,9 @@ def main() -> None:
     django_application.application._sync_threads = InlineExecutor()
     phases = args.phases.split(",")
     figures = asyncio.run(
-        _measure(application, api_key, args.calls, args.profile, args.sort, phases, args.prepop)
+        _measure(
+            application, api_key, args.calls, args.profile, args.sort, phases, args.prepop, args.callgrind
+        )
     )
     print(
         json.dumps(
@@ -107,7 +121,14 @@ PHASES = ("pop", "progress", "submit", "pop_idle", "async")
 
 
 async def _measure(
-    application, api_key: str, calls: int, profile: int, sort: str, only: list[str], prepop: int
+    application,
+    api_key: str,
+    calls: int,
+    profile: int,
+    sort: str,
+    only: list[str],
+    prepop: int,
+    callgrind: bool = False,
 ) -> dict[str, float]:
     async def post(path: str, body: dict, expected: int = 200) -> dict:
         raw = json.dumps(body).encode()
@@ -204,6 +225,10 @@ async def _measure(
         if name not in only:
             continue
         profiler = cProfile.Profile(time.thread_time) if profile else None
+        if callgrind:  # its instruction count is then the phase's alone
+            subprocess.run(
+                ["callgrind_control", "--instr=on", str(os.getpid())], check=True, capture_output=True
+            )
         started = time.process_time()
         if profiler:
             profiler.enable()
@@ -212,6 +237,10 @@ async def _measure(
         if profiler:
             profiler.disable()
         figures[name] = round((time.process_time() - started) / calls * 1000, 3)
+        if callgrind:
+            subprocess.run(
+                ["callgrind_control", "--instr=off", str(os.getpid())], check=True, capture_output=True
+            )
         if profiler:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(profile)

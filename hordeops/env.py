@@ -30,6 +30,13 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer") from None
 
 
+def env_optional_int(name: str) -> int | None:
+    """An integer, or None when the variable is unset or empty."""
+    if os.environ.get(name, "").strip() == "":
+        return None
+    return env_int(name, 0)
+
+
 def env_float(name: str, default: float) -> float:
     raw = os.environ.get(name, "")
     if raw.strip() == "":

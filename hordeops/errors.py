@@ -108,6 +108,17 @@ class KudosUpfront(DomainError):
         )
 
 
+class KudosValidationError(DomainError):
+    """A kudos transfer refused, with the AI Horde's rc for why (`InvalidTargetUsername`,
+    `KudosTransferNotEnough`, `IdempotencyKeyConflict`, ...)."""
+
+    code = "KudosValidationError"
+
+    def __init__(self, message: str, *, rc: str) -> None:
+        self.code = rc
+        super().__init__(message)
+
+
 class TooManyPrompts(DomainError):
     """The account already has as many waiting or running requests as it may (the AI Horde's rc)."""
 

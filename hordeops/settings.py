@@ -19,6 +19,7 @@ from hordeops.env import (
     env_int,
     env_list,
     env_networks,
+    env_optional_int,
     env_proxy_ssl_header,
     env_route_limits,
     env_secret_key,
@@ -98,6 +99,10 @@ TEXT_WORKER_MAX_TOKENS_PER_SECOND = env_int("TEXT_WORKER_MAX_TOKENS_PER_SECOND",
 POP_SKIPPED_CACHE_SECONDS = env_int("POP_SKIPPED_CACHE_SECONDS", 10)
 STALE_GENERATION_PASS_SECONDS = env_int("STALE_GENERATION_PASS_SECONDS", 60)
 WORKER_ONLINE_SECONDS = env_int("WORKER_ONLINE_SECONDS", 300)
+# Escrowed kudos past which an account at least a week old becomes trusted; unset: never.
+KUDOS_TRUST_THRESHOLD = env_optional_int("KUDOS_TRUST_THRESHOLD")
+# How often the kudos pass pays uptime and releases escrow (Celery beat).
+KUDOS_PASS_SECONDS = env_int("KUDOS_PASS_SECONDS", 60)
 WORKER_ABORT_MAINTENANCE_THRESHOLD = env_int("WORKER_ABORT_MAINTENANCE_THRESHOLD", 20)
 TEXT_REQUEST_LIFETIME_SECONDS = env_int("TEXT_REQUEST_LIFETIME_SECONDS", 1200)
 TEXT_REQUEST_MAX_RESTARTS = env_int("TEXT_REQUEST_MAX_RESTARTS", 3)
@@ -369,6 +374,11 @@ CELERY_BEAT_SCHEDULE = {
         # A pass missed while workers were down is not worth running late: the next
         # one covers it.
         "options": {"expires": STALE_GENERATION_PASS_SECONDS},
+    },
+    "every-pass-kudos": {
+        "task": "kudos.tasks.kudos_pass_task",
+        "schedule": schedule(KUDOS_PASS_SECONDS),
+        "options": {"expires": KUDOS_PASS_SECONDS},
     },
 }
 

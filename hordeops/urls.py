@@ -10,6 +10,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v2/", include("jobs.urls")),
     path("api/v2/", include("workers.urls")),
+    path("api/v2/", include("kudos.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
     path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
     path("v1/completions", chat.completions, name="completions"),

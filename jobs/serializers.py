@@ -237,3 +237,12 @@ class ProgressOutput(serializers.Serializer):
 
 class SubmitOutput(serializers.Serializer):
     reward = serializers.FloatField()
+
+
+class KudosTransferInput(HotInput):
+    username = StrictCharField(max_length=255)
+    amount = StrictIntegerField(default=100, min_value=-(2**31), max_value=2**31 - 1)
+
+
+class KudosTransferOutput(serializers.Serializer):
+    transferred = serializers.IntegerField()

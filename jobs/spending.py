@@ -14,6 +14,7 @@ from decimal import Decimal
 
 from jobs.models import TextRequest
 from kudos import rates, sizes
+from kudos.sql import WALLETS
 
 REQUESTS = TextRequest._meta.db_table
 ACTIVE = TextRequest.State.ACTIVE.value
@@ -60,3 +61,13 @@ def needs_upfront(*, max_length: int, slow_workers: bool, now: datetime) -> tupl
     load = discovery.performance(now=now)
     tokens = upfront_tokens(queued_requests=load["queued_text_requests"], threads=load["text_thread_count"])
     return (not slow_workers or max_length > tokens), tokens
+
+
+def available_sql() -> str:
+    """What the account (%(account_id)s, its floor %(floor)s) can spend now: its balance less its
+    floor less what its active requests hold. Read under `jobs.sql.LOCK_ACCOUNT`."""
+    return f"""
+        SELECT COALESCE((SELECT w.balance FROM {WALLETS} AS w
+                         WHERE w.account_id = %(account_id)s AND NOT w.escrow), 0)
+               - %(floor)s - {HELD_SQL}
+    """

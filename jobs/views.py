@@ -1,5 +1,6 @@
 """The horde text routes: parse, call one service, shape the answer."""
 
+import hashlib
 from uuid import UUID
 
 from django.conf import settings
@@ -9,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hordeops import clock, errors
+from hordeops import clock, errors, ratelimit
 from hordeops.parsing import MAX_DIGITS, ascii_int
 from hordeops.serializers import APIKEY_AUTH, COUNT, OBJECT_LIST
 from jobs import deadlines, discovery, services
@@ -337,3 +338,37 @@ class TextModelStatsView(APIView):
     @extend_schema(operation_id="stats_text_models", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.text_models(now=clock.now()))
+
+
+# The AI Horde's limits on one key's transfers: one a second and 90 an hour.
+TRANSFER_RATES = ((1.0, 1, "second"), (90 / 3600, 90, "hour"))
+
+
+class KudosTransferView(APIView):
+    @extend_schema(
+        operation_id="transfer_kudos",
+        auth=APIKEY_AUTH,
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        request=s.KudosTransferInput,
+        responses={200: s.KudosTransferOutput, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        """Send kudos to another account, from what this one can spend (the AI Horde's route)."""
+        account = _account(request)
+        data = _validated(s.KudosTransferInput, request)
+        digest = hashlib.sha256(request.headers["apikey"].encode()).hexdigest()[:32]
+        wait = ratelimit.take(
+            [
+                ratelimit.Bucket(f"hordeops:rate:transfer:{per}:{digest}", rate, burst)
+                for rate, burst, per in TRANSFER_RATES
+            ]
+        )
+        if wait:
+            raise errors.RateLimited(wait_seconds=wait)
+        moved = services.transfer_kudos(
+            source=account,
+            username=data["username"],
+            amount=data["amount"],
+            idempotency_key=request.headers.get("Idempotency-Key") or None,
+        )
+        return Response({"transferred": moved})

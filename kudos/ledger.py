@@ -70,7 +70,7 @@ def event_params(
         raise Unbalanced(f"the entries of {kind} {key} sum to {total}")
     # As JSON text, each a parameter psycopg sends as it is (arrays of numbers cost it more).
     moved = [
-        [account_id, escrow, str(amount)]
+        [account_id, escrow, str(amount), None if escrow else Event.action(kind, amount)]
         for (account_id, escrow), amount in sorted(accounts.items())
         if amount
     ]

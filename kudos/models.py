@@ -58,6 +58,9 @@ class Wallet(models.Model):
     # What the last movement of this wallet forgave below its floor: how the one statement that
     # posts an event learns it, to post it as minted (`kudos.sql.post_event`).
     forgiven = amount_field(default=ZERO, db_default=ZERO)
+    # What its movements added up to by the AI Horde's action (`Event.action`): an account's
+    # `kudos_details`, kept by the event that moves it (spendable wallets only).
+    details = models.JSONField(default=dict, db_default={}, blank=True)
 
     objects = WalletQuerySet.as_manager()
 
@@ -96,6 +99,19 @@ class Event(models.Model):
         TAX = "tax", "the horde tax"
         PROMOTION = "promotion", "escrow released on trust"
 
+    # The AI Horde's `kudos_details` key a movement of a spendable balance adds to, by kind (a
+    # transfer: what was gifted out or received); what the floor forgave is in none.
+    ACTIONS = {
+        Kind.GENERATION: "accumulated",
+        Kind.UPTIME: "accumulated",
+        Kind.SPEND: "accumulated",
+        Kind.TAX: "accumulated",
+        Kind.PROMOTION: "accumulated",
+        Kind.AWARD: "awarded",
+        Kind.TRANSFER: "received",
+    }
+    GIFTED = "gifted"
+
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     # The business event's own key (a generation's id, a request's settlement, a transfer's
@@ -106,8 +122,18 @@ class Event(models.Model):
 
     objects = EventQuerySet.as_manager()
 
+    class Meta:
+        permissions = [("award_kudos", "Can award kudos to an account")]
+
     def __str__(self) -> str:
         return f"{self.kind} {self.key}"
+
+    @classmethod
+    def action(cls, kind: "Event.Kind", amount) -> str | None:
+        """The `kudos_details` key a movement of `amount` by an event of `kind` adds to."""
+        if kind == cls.Kind.TRANSFER and amount < 0:
+            return cls.GIFTED
+        return cls.ACTIONS.get(kind)
 
 
 class PostingQuerySet(models.QuerySet["Posting"]):

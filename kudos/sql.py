@@ -40,20 +40,27 @@ def post_event(*, guard: str = "true") -> str:
             RETURNING id
         ),
         k_moves AS (
-            SELECT (e->>0)::bigint AS account_id, (e->>1)::boolean AS escrow, (e->>2)::numeric AS amount, i
+            SELECT (e->>0)::bigint AS account_id, (e->>1)::boolean AS escrow, (e->>2)::numeric AS amount,
+                   e->>3 AS action, i
             FROM jsonb_array_elements(%(k_moves)s::jsonb) WITH ORDINALITY AS x(e, i)
         ),
         k_moved AS (
-            INSERT INTO {WALLETS} AS w (account_id, escrow, floor, balance, forgiven)
+            INSERT INTO {WALLETS} AS w (account_id, escrow, floor, balance, forgiven, details)
             SELECT m.account_id, m.escrow, f.floor, GREATEST(m.amount, f.floor),
-                   GREATEST(f.floor - m.amount, 0)
+                   GREATEST(f.floor - m.amount, 0),
+                   CASE WHEN m.action IS NULL THEN '{{}}'::jsonb
+                        ELSE jsonb_build_object(m.action, m.amount) END
             FROM k_moves AS m JOIN {ACCOUNTS} AS a ON a.id = m.account_id,
                  LATERAL (SELECT {floor} AS floor) AS f
             WHERE EXISTS (SELECT FROM k_event)
             ORDER BY m.i
             ON CONFLICT (account_id, escrow) DO UPDATE SET
                 balance = GREATEST(w.balance + {moved}, w.floor),
-                forgiven = GREATEST(w.floor - (w.balance + {moved}), 0)
+                forgiven = GREATEST(w.floor - (w.balance + {moved}), 0),
+                details = w.details || (
+                    SELECT COALESCE(jsonb_object_agg(x.key, COALESCE((w.details->>x.key)::numeric, 0)
+                                                            + x.value::numeric), '{{}}'::jsonb)
+                    FROM jsonb_each_text(EXCLUDED.details) AS x)
             RETURNING w.id, w.account_id, w.escrow, w.forgiven
         ),
         k_posted AS (
@@ -87,4 +94,36 @@ def post() -> str:
     return f"""
         WITH {post_event()}
         SELECT (SELECT id FROM k_event), COALESCE((SELECT sum(forgiven) FROM k_moved), 0)
+    """
+
+
+def drifted_details() -> str:
+    """Spendable wallets whose `details` differ from their postings summed by action
+    (`Event.action`): (account id, kept, posted)."""
+    action = "CASE " + " ".join(
+        f"WHEN e.kind = '{kind.value}' THEN '{name}'"
+        for kind, name in Event.ACTIONS.items()
+        if kind != Event.Kind.TRANSFER
+    )
+    transfer = Event.Kind.TRANSFER.value
+    return f"""
+        WITH posted AS (
+            SELECT p.wallet_id, a.action, sum(p.amount) AS total
+            FROM {POSTINGS} AS p JOIN {EVENTS} AS e ON e.id = p.event_id,
+                 LATERAL (SELECT CASE WHEN e.kind = '{transfer}' AND p.amount < 0 THEN '{Event.GIFTED}'
+                                      WHEN e.kind = '{transfer}' THEN '{Event.ACTIONS[Event.Kind.TRANSFER]}'
+                                      ELSE ({action} END) END AS action) AS a
+            WHERE a.action IS NOT NULL
+            GROUP BY p.wallet_id, a.action
+        ),
+        expected AS (
+            SELECT w.id, COALESCE((SELECT jsonb_object_agg(action, total) FROM posted WHERE wallet_id = w.id),
+                                  '{{}}'::jsonb) AS details
+            FROM {WALLETS} AS w WHERE w.account_id IS NOT NULL AND NOT w.escrow
+        )
+        SELECT w.account_id, w.details, x.details FROM {WALLETS} AS w JOIN expected AS x ON x.id = w.id
+        WHERE (SELECT COALESCE(jsonb_object_agg(k, v::numeric), '{{}}'::jsonb)
+               FROM jsonb_each_text(w.details) AS d(k, v) WHERE v::numeric <> 0)
+           <> (SELECT COALESCE(jsonb_object_agg(k, v::numeric), '{{}}'::jsonb)
+               FROM jsonb_each_text(x.details) AS d(k, v) WHERE v::numeric <> 0)
     """

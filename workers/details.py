@@ -1,9 +1,8 @@
 """Accounts and workers as the AI Horde's discovery routes show them (`horde/apis/models/v2.py`:
 `UserDetails`, `WorkerDetails`), read from their own rows: no scan of jobs or generations.
 
-`privileged` is the AI Horde's details privilege: the caller is the account itself (or the
-worker's owner) or a moderator. Only then are the owner, the worker ids and the like shown.
-hordeops keeps no kudos ledger: an account's `kudos` is what its workers were rewarded.
+`privileged` is the AI Horde's details privilege: the caller is the worker's owner or a
+moderator. Only then are the owner and the like shown. Accounts are shown by `kudos.details`.
 """
 
 from datetime import datetime
@@ -31,8 +30,11 @@ def worker_details(worker: Worker, *, now: datetime, privileged: bool) -> dict[s
         "online": worker.is_online(now),
         "requests_fulfilled": worker.completed_jobs,
         "uncompleted_jobs": worker.uncompleted_jobs,
-        "kudos_rewards": round(worker.kudos_rewards, 2),
-        "kudos_details": {"generated": round(worker.kudos_rewards, 2), "uptime": 0},
+        "kudos_rewards": round(worker.kudos_rewards + worker.kudos_uptime, 2),
+        "kudos_details": {
+            "generated": round(worker.kudos_rewards, 2),
+            "uptime": round(worker.kudos_uptime, 2),
+        },
         "performance": worker.performance,
         "threads": worker.threads,
         # Seconds from its first pop to its last: hordeops does not sum online spells.
@@ -73,47 +75,3 @@ def online_workers(*, now: datetime) -> list[tuple[int, dict[str, Any]]]:
         listed = [(w.account_id, worker_details(w, now=now, privileged=False)) for w in workers]
         cache.set(ONLINE_LIST_KEY, listed, ONLINE_LIST_SECONDS)
     return listed
-
-
-def user_details(account: Account, *, now: datetime, privileged: bool) -> dict[str, Any]:
-    workers = list(account.workers.live())  # as many as the account runs
-    kudos = round(sum(worker.kudos_rewards for worker in workers), 2)
-    details: dict[str, Any] = {
-        "username": unique_alias(account),
-        "id": account.pk,
-        "kudos": kudos,
-        "kudos_details": {
-            "accumulated": kudos,
-            "gifted": 0,
-            "donated": 0,
-            "admin": 0,
-            "received": 0,
-            "recurring": 0,
-            "awarded": 0,
-            "styled": 0,
-        },
-        "usage": {},  # the AI Horde's obsolete keys, empty there too
-        "contributions": {},
-        "records": {
-            "contribution": {"tokens": sum(worker.tokens_generated for worker in workers)},
-            "fulfillment": {"text": sum(worker.completed_jobs for worker in workers)},
-        },
-        "concurrency": account.waiting_requests_limit,
-        "worker_invited": 0,
-        "moderator": account.moderator,
-        "trusted": account.trusted,
-        "flagged": False,
-        "pseudonymous": account.is_anonymous,
-        "worker_count": len(workers),
-        "account_age": max(0, int((now - account.created_at).total_seconds())),
-        "service": False,
-        "deleted": False,
-        "education": False,
-        "customizer": False,
-        "styles": [],
-    }
-    if privileged:
-        details.update(
-            worker_ids=[str(worker.pk) for worker in workers], sharedkey_ids=[], vpn=False, special=False
-        )
-    return details

@@ -136,6 +136,10 @@ class Worker(models.Model):
     # discovery routes read them from this row (no scan of the generations).
     tokens_generated = models.BigIntegerField(default=0, db_default=0)
     kudos_rewards = models.FloatField(default=0, db_default=0)
+    # What staying online earned it (`kudos.uptime`), and until when it was paid for; None
+    # while it is not counted (before its first pass online, or after it went offline).
+    kudos_uptime = models.FloatField(default=0, db_default=0)
+    uptime_paid_until = models.DateTimeField(null=True, blank=True)
     # The owner's note, shown in the worker's details (PUT /api/v2/workers/{id} `info`).
     info = models.CharField(max_length=1000, blank=True, default="", db_default="")
 

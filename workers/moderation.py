@@ -1,8 +1,11 @@
-"""What the "Moderators" group may do: view everything of hordeops, change accounts and workers.
+"""What the "Moderators" group may do: view everything of hordeops, change accounts and workers,
+keep the kudos model table and award kudos.
 
 The admin narrows "change" to trust, the account deadline limit and maintenance. Used by the
 migration that creates the group (with the historical models) and by tests.
 """
+
+from django.db.models import Q
 
 MODERATORS = "Moderators"
 PERMISSIONS = (
@@ -12,14 +15,21 @@ PERMISSIONS = (
     ("workers", "change_worker"),
     ("jobs", "view_textrequest"),
     ("jobs", "view_generation"),
+    ("kudos", "view_posting"),
+    ("kudos", "view_textmodel"),
+    ("kudos", "add_textmodel"),
+    ("kudos", "change_textmodel"),
+    ("kudos", "delete_textmodel"),
+    ("kudos", "award_kudos"),
 )
 
 
 def grant_moderators(group_model, permission_model):
     """Create the group (if missing) with exactly these permissions; return it."""
     group, _ = group_model.objects.get_or_create(name=MODERATORS)
-    group.permissions.set(
-        permission_model.objects.get(content_type__app_label=app, codename=codename)
-        for app, codename in PERMISSIONS
-    )
+    # Those that exist yet: an earlier migration grants its apps', a later one the rest.
+    wanted = Q()
+    for app, codename in PERMISSIONS:
+        wanted |= Q(content_type__app_label=app, codename=codename)
+    group.permissions.set(permission_model.objects.filter(wanted))
     return group

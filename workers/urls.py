@@ -3,8 +3,6 @@ from django.urls import path, re_path
 from workers import views
 
 urlpatterns = [
-    path("find_user", views.FindUserView.as_view(), name="find-user"),
-    re_path(r"^users/(?P<user_id>[^/]*)$", views.UserView.as_view(), name="user"),
     path("workers", views.WorkersView.as_view(), name="workers"),
     re_path(r"^workers/name/(?P<worker_name>.*)$", views.WorkerByNameView.as_view(), name="worker-by-name"),
     re_path(r"^workers/(?P<worker_id>[^/]*)$", views.WorkerView.as_view(), name="worker"),

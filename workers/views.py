@@ -1,5 +1,5 @@
-"""The horde's account and worker routes (the AI Horde's `/find_user`, `/users`, `/workers`):
-parse, call one service or read, shape the answer with `workers.details`."""
+"""The horde's worker routes (the AI Horde's `/workers`): parse, call one service or read, shape
+the answer with `workers.details`. The account routes are `kudos.views`'."""
 
 from uuid import UUID
 
@@ -11,7 +11,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
-from hordeops.parsing import ascii_int
 from hordeops.serializers import (
     APIKEY_AUTH,
     OBJECT_LIST,
@@ -21,7 +20,7 @@ from hordeops.serializers import (
     StrictCharField,
 )
 from workers import services
-from workers.details import TEXT, online_workers, privileged_details, user_details, worker_details
+from workers.details import TEXT, online_workers, privileged_details, worker_details
 from workers.models import Account, Worker
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
@@ -29,7 +28,7 @@ APIKEY_OPTIONAL = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, requi
 ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404, 429)}
 
 
-def _caller(request: Request) -> Account | None:
+def caller(request: Request) -> Account | None:
     """The key's account, if a known key was sent: it decides what details are shown. An
     unknown key is no error on these public routes, as on the AI Horde: it sees what anyone does."""
     try:
@@ -38,8 +37,8 @@ def _caller(request: Request) -> Account | None:
         return None
 
 
-def _may_see(caller: Account | None, account_id: int) -> bool:
-    return caller is not None and (caller.moderator or caller.pk == account_id)
+def may_see(viewer: Account | None, account_id: int) -> bool:
+    return viewer is not None and (viewer.moderator or viewer.pk == account_id)
 
 
 def _worker(lookup: dict) -> Worker:
@@ -50,34 +49,8 @@ def _worker(lookup: dict) -> Worker:
 
 
 def _worker_answer(request: Request, worker: Worker) -> Response:
-    privileged = _may_see(_caller(request), worker.account_id)
+    privileged = may_see(caller(request), worker.account_id)
     return Response(worker_details(worker, now=clock.now(), privileged=privileged))
-
-
-class FindUserView(APIView):
-    @extend_schema(
-        operation_id="find_user", parameters=[APIKEY], responses={200: dict, **ERRORS}, auth=APIKEY_AUTH
-    )
-    def get(self, request: Request) -> Response:
-        account = services.authenticate(api_key=request.headers.get("apikey"))
-        return Response(user_details(account, now=clock.now(), privileged=True))
-
-
-class UserView(APIView):
-    @extend_schema(
-        operation_id="user",
-        parameters=[APIKEY_OPTIONAL],
-        responses={200: dict, **ERRORS},
-        auth=OPTIONAL_APIKEY_AUTH,
-    )
-    def get(self, request: Request, user_id: str) -> Response:
-        # ASCII digits only, and within a bigint: anything else is no user, not a database error.
-        number = ascii_int(user_id)
-        account = Account.objects.filter(pk=number).first() if number is not None else None
-        if account is None:
-            raise errors.UserNotFound()
-        privileged = _may_see(_caller(request), account.pk)
-        return Response(user_details(account, now=clock.now(), privileged=privileged))
 
 
 class WorkersView(APIView):
@@ -100,18 +73,18 @@ class WorkersView(APIView):
         if kind not in (TEXT, "all"):
             return Response([])
         now = clock.now()
-        caller = _caller(request)
+        viewer = caller(request)
         name = request.query_params.get("name")
-        if caller is not None and caller.moderator:  # sees every worker's private details
+        if viewer is not None and viewer.moderator:  # sees every worker's private details
             workers = Worker.objects.online(now).select_related("account").order_by("name")
             if name is not None:
                 workers = workers.filter(name=name)
             return Response([worker_details(w, now=now, privileged=True) for w in workers])
         # Everyone else reads the cached list; an owner sees its own workers' details too.
-        own = privileged_details(caller) if caller is not None else {}
+        own = privileged_details(viewer) if viewer is not None else {}
         return Response(
             [
-                {**details, **own} if caller is not None and account_id == caller.pk else details
+                {**details, **own} if viewer is not None and account_id == viewer.pk else details
                 for account_id, details in online_workers(now=now)
                 if name is None or details["name"] == name
             ]

@@ -8,6 +8,7 @@ unless given. One module per thing the flow does:
 - `stale`: the stale pass
 - `endings`: cancellation, restarts, abort counting and the relay of endings
 - `posts`: what progress and submit share (whose generation, why refused)
+- `transfers`: kudos sent from one account to another
 """
 
 from jobs.services.endings import cancel_deferred, cancel_request, current_request, defer_cancellations
@@ -24,6 +25,7 @@ from jobs.services.requests import (
 )
 from jobs.services.stale import StalePassResult, abort_stale_generations
 from jobs.services.submit import submit_generation
+from jobs.services.transfers import transfer_kudos
 
 __all__ = [
     "EmptyPop",
@@ -46,4 +48,5 @@ __all__ = [
     "record_progress",
     "render_chat_prompt",
     "submit_generation",
+    "transfer_kudos",
 ]

@@ -12,11 +12,15 @@ import pytest
 from django.conf import settings
 from django.db import connection
 from django.db.models import F
+from django.utils import timezone
 
 from hordeops.celery import app
 from jobs.models import Generation, TextRequest
 from jobs.tasks import abort_stale_generations_task
+from kudos.models import Event
+from kudos.tasks import kudos_pass_task
 from tests.hordeops.test_metrics import scrape
+from workers.models import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,9 +33,15 @@ def test_every_beat_entry_names_a_registered_task():
 
 
 def test_the_stale_pass_runs_every_STALE_GENERATION_PASS_SECONDS():
-    [entry] = settings.CELERY_BEAT_SCHEDULE.values()
+    entry = settings.CELERY_BEAT_SCHEDULE["every-pass-abort-stale-generations"]
     assert entry["task"] == abort_stale_generations_task.name
     assert entry["schedule"].run_every == timedelta(seconds=settings.STALE_GENERATION_PASS_SECONDS)
+
+
+def test_the_kudos_pass_runs_every_KUDOS_PASS_SECONDS():
+    entry = settings.CELERY_BEAT_SCHEDULE["every-pass-kudos"]
+    assert entry["task"] == kudos_pass_task.name
+    assert entry["schedule"].run_every == timedelta(seconds=settings.KUDOS_PASS_SECONDS)
 
 
 def _database_url() -> str:
@@ -50,6 +60,36 @@ def test_a_real_celery_worker_runs_the_stale_pass(make_caller):
     generation_id = owner.pop("w").json()["id"]
     Generation.objects.filter(pk=generation_id).update(popped_at=F("popped_at") - timedelta(seconds=151))
 
+    output = _run_in_a_celery_worker(
+        abort_stale_generations_task,
+        lambda: Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED,
+    )
+    assert Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED, output
+    request = TextRequest.objects.get(pk=request_id)
+    assert (request.queued, request.restarts) == (1, 1)
+    assert "abort_stale_generations_task" in output
+    # Counted in the Celery worker's process (just after its commit), shown on this web
+    # process's /metrics.
+    deadline = time.monotonic() + 10
+    while scrape()[aborts] < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert scrape()[aborts] == before + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_celery_worker_runs_the_kudos_pass(make_caller):
+    owner = make_caller("owner", trusted=True)
+    owner.pop("w")
+    Worker.objects.update(uptime_paid_until=timezone.now() - timedelta(seconds=601))
+    output = _run_in_a_celery_worker(
+        kudos_pass_task, lambda: Event.objects.filter(kind=Event.Kind.UPTIME).exists()
+    )
+    assert Worker.objects.get().kudos_uptime > 0, output
+    assert "kudos_pass_task" in output
+
+
+def _run_in_a_celery_worker(task, done) -> str:
+    """Run a real Celery worker, sending it `task` until `done()`; its output."""
     # A queue of this test's own, so that no other worker on the broker takes the task.
     queue = f"test-{uuid.uuid4().hex}"
     env = {**os.environ, "DATABASE_URL": _database_url(), "REDIS_URL": settings.REDIS_URL}
@@ -82,22 +122,13 @@ def test_a_real_celery_worker_runs_the_stale_pass(make_caller):
             if time.monotonic() >= next_send:
                 # Sent again now and then: a pass is idempotent, and a slow worker start
                 # or another test run emptying the broker must not lose the only message.
-                abort_stale_generations_task.apply_async(queue=queue, expires=30)
+                task.apply_async(queue=queue, expires=30)
                 next_send = time.monotonic() + 10
-            if Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED:
+            if done():
                 break
             assert worker.poll() is None, worker.stdout.read()
             time.sleep(0.2)
     finally:
         worker.terminate()
         output, _ = worker.communicate(timeout=30)
-    assert Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED, output
-    request = TextRequest.objects.get(pk=request_id)
-    assert (request.queued, request.restarts) == (1, 1)
-    assert "abort_stale_generations_task" in output
-    # Counted in the Celery worker's process (just after its commit), shown on this web
-    # process's /metrics.
-    deadline = time.monotonic() + 10
-    while scrape()[aborts] < before + 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert scrape()[aborts] == before + 1
+    return output

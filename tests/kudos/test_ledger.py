@@ -66,6 +66,22 @@ def test_a_retried_event_posts_nothing_twice(db):
     assert (_balance(alice), _balance(bob)) == (Decimal("97.00"), Decimal("103.00"))
 
 
+def test_each_account_keeps_its_kudos_details_by_the_ai_hordes_actions(db):
+    alice, bob = _account("alice"), _account("bob")
+    _award(alice, "100", "award:da")
+    _award(bob, "100", "award:db")
+    _move(alice, bob, "3", "transfer:d")
+    details = dict(Wallet.objects.filter(account__isnull=False).values_list("account__name", "details"))
+    assert {name: {k: Decimal(str(v)) for k, v in d.items()} for name, d in details.items()} == {
+        "alice": {"awarded": 100, "gifted": -3},
+        "bob": {"awarded": 100, "received": 3},
+    }
+    call_command("check_kudos")
+    Wallet.objects.filter(account=bob).update(details={"awarded": 100, "received": 4})
+    with pytest.raises(CommandError, match="does not reconcile"):
+        call_command("check_kudos")
+
+
 def test_a_debit_past_the_floor_is_forgiven_and_posted_as_minted(db):
     alice = _account("alice")
     _award(alice, "30", "award:f")

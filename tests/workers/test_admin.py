@@ -87,10 +87,16 @@ def test_the_worker_list_shows_unmeasured_speed_and_capacity(moderator, owner):
 def test_the_migration_made_the_moderators_group_with_its_permissions(db):
     group = Group.objects.get(name=MODERATORS)
     assert sorted(group.permissions.values_list("codename", flat=True)) == [
+        "add_textmodel",
+        "award_kudos",
         "change_account",
+        "change_textmodel",
         "change_worker",
+        "delete_textmodel",
         "view_account",
         "view_generation",
+        "view_posting",
+        "view_textmodel",
         "view_textrequest",
         "view_worker",
     ]

@@ -1,4 +1,5 @@
-"""GET /api/v2/find_user and /api/v2/users/{id}: an account as the AI Horde shows a user."""
+"""GET /api/v2/find_user and /api/v2/users/{id}: an account as the AI Horde shows a user, its kudos
+from its wallets."""
 
 from workers.models import Account
 
@@ -17,9 +18,14 @@ def test_find_user_shows_the_keys_own_account_with_its_workers_and_contributions
     assert user["worker_count"] == 2
     assert sorted(user["worker_ids"]) == sorted(str(w.id) for w in owner.account.workers.all())
     assert user["records"] == {"contribution": {"tokens": 64}, "fulfillment": {"text": 1}}
-    # What its workers were rewarded: an unknown model earns an untrusted worker the context
-    # multiplier alone (a 20-token context: 1.2 + 2.2 ^ log2(20 / 1,024)).
-    assert user["kudos"] == 1.21
+    # An unknown model earns an untrusted worker the context multiplier alone (a 20-token context:
+    # 1.2 + 2.2 ^ log2(20 / 1,024) = 1.21), half of it held in escrow (shown to moderators only).
+    # The 0.61 paid raised a new account to the floor of 25.
+    assert (user["kudos"], user["kudos_details"]["accumulated"]) == (25, 0.61)
+    assert set(user["kudos_details"]) == {
+        "accumulated", "gifted", "donated", "admin", "received", "recurring", "awarded", "styled"
+    }  # fmt: skip
+    assert "evaluating_kudos" not in user
     assert (user["trusted"], user["moderator"], user["concurrency"]) == (False, False, 30)
 
 
@@ -40,7 +46,8 @@ def test_a_users_details_are_public_but_its_worker_ids_are_shown_only_to_itself_
     assert "worker_ids" in owner.client.get(path, HTTP_APIKEY=owner.api_key).json()
     moderator = make_caller("a-moderator")
     Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
-    assert "worker_ids" in moderator.client.get(path, HTTP_APIKEY=moderator.api_key).json()
+    seen_by_moderator = moderator.client.get(path, HTTP_APIKEY=moderator.api_key).json()
+    assert "worker_ids" in seen_by_moderator and seen_by_moderator["evaluating_kudos"] == 0
     assert "worker_ids" not in requester.client.get(path).json()  # no key: the public view
 
 

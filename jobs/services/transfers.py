@@ -1,0 +1,95 @@
+"""Kudos transfers between accounts (the AI Horde's `POST /v2/kudos/transfer`): from what the
+sender can spend, once per Idempotency-Key."""
+
+from datetime import timedelta
+from decimal import Decimal
+from uuid import uuid4
+
+from django.db import connection, transaction
+from django_redis import get_redis_connection
+
+from hordeops import clock, errors
+from jobs import spending, sql
+from kudos import ledger, rates
+from kudos.models import Event, Posting
+from workers.models import Account
+
+# After a transfer, the receiver may not send kudos back to its sender for this long (the AI
+# Horde's guard against two accounts passing kudos to and fro).
+REVERSE_WAIT = timedelta(seconds=60)
+
+
+def _refused(message: str, rc: str) -> errors.KudosValidationError:
+    return errors.KudosValidationError(message, rc=rc)
+
+
+def _target(username: str) -> Account | None:
+    """The account a username names as the AI Horde reads it: by the id after its last `#`."""
+    digits = username.rsplit("#", 1)[-1].strip()
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 18:
+        return None
+    return Account.objects.filter(pk=int(digits)).first()
+
+
+def _reverse_key(source_id: int, target_id: int) -> str:
+    return f"hordeops:kudos-transfer:{source_id}-{target_id}"
+
+
+def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_key: str | None = None) -> int:
+    """Move `amount` kudos from `source` to the account `username` names; return what moved.
+
+    Refused (KudosValidationError, with the AI Horde's rc) from or to the anonymous account, to
+    oneself, for an amount not positive, back to an account that sent to `source` within a
+    minute, or past what `source` can spend (`jobs.spending`), decided under the lock on
+    `source` that queueing takes. A retry with the same Idempotency-Key moves nothing and
+    answers the same; the key with another transfer is refused."""
+    if source.is_anonymous:
+        raise _refused("You cannot transfer Kudos from Anonymous, smart-ass.", "KudosTransferFromAnon")
+    target = _target(username)
+    if target is None:
+        raise _refused("Invalid target username.", "InvalidTargetUsername")
+    if target.is_anonymous:
+        message = "Tried to burn kudos via sending to Anonymous. Assuming PEBKAC and aborting."
+        raise _refused(message, "KudosTransferToAnon")
+    if target.pk == source.pk:
+        raise _refused("Cannot send kudos to yourself, ya monkey!", "KudosTransferToSelf")
+    if amount < 0:
+        raise _refused("Nice try...", "NegativeKudosTransfer")
+    if amount == 0:
+        raise _refused("Transfer amount must be positive.", "InvalidKudosTransferAmount")
+    redis = get_redis_connection("default")
+    now = clock.now()
+    until = redis.get(_reverse_key(target.pk, source.pk))  # when the guard ends, on the horde's clock
+    if until is not None and float(until) > now.timestamp():
+        message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
+        raise _refused(message, "TooFastKudosTransfers")
+    key = f"transfer:{source.pk}:{idempotency_key or uuid4()}"
+    moved = Decimal(amount)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(sql.LOCK_ACCOUNT, {"account_id": source.pk})
+            if idempotency_key and Event.objects.filter(key=key).exists():
+                return _replayed(key, source=source, target=target, amount=moved)
+            floor = rates.floor(anonymous=False)
+            cursor.execute(spending.available_sql(), {"account_id": source.pk, "floor": floor})
+            (available,) = cursor.fetchone()
+        if available < moved:
+            raise _refused("Not enough kudos.", "KudosTransferNotEnough")
+        ledger.post(
+            kind=Event.Kind.TRANSFER,
+            key=key,
+            entries=[ledger.to_account(source.pk, -moved), ledger.to_account(target.pk, moved)],
+            now=now,
+        )
+    until = (now + REVERSE_WAIT).timestamp()
+    redis.set(_reverse_key(source.pk, target.pk), until, ex=int(REVERSE_WAIT.total_seconds()))
+    return amount
+
+
+def _replayed(key: str, *, source: Account, target: Account, amount: Decimal) -> int:
+    """A retry of a posted transfer: the same one answers what it moved, another is refused."""
+    moved = set(Posting.objects.filter(event__key=key).values_list("wallet__account_id", "amount"))
+    if moved != {(source.pk, -amount), (target.pk, amount)}:
+        message = "Idempotency key was already used with different transfer parameters."
+        raise _refused(message, "IdempotencyKeyConflict")
+    return int(amount)

@@ -1,0 +1,137 @@
+"""POST /api/v2/kudos/transfer: kudos sent from what an account can spend, once per
+Idempotency-Key, within the AI Horde's limits."""
+
+import threading
+from decimal import Decimal
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+from hordeops import errors
+from jobs.services import transfer_kudos
+from kudos import ledger
+from kudos.models import Event
+from tests.conftest import give_kudos
+
+T0 = "2026-06-01 08:00:00+00:00"
+
+
+def _send(caller, username: str, amount=10, key: str | None = None):
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return caller.post("/api/v2/kudos/transfer", {"username": username, "amount": amount}, **headers)
+
+
+def _alias(caller) -> str:
+    return f"{caller.account.name}#{caller.account.pk}"
+
+
+def _balance(caller) -> Decimal:
+    return ledger.balance(caller.account.pk)
+
+
+def test_a_transfer_moves_kudos_and_a_retry_with_its_key_moves_nothing_more(requester, owner, clock):
+    give_kudos(requester, "100")
+    give_kudos(owner, "100")
+    sent = _send(requester, _alias(owner), 30, key="k-1")
+    assert (sent.status_code, sent.json()) == (200, {"transferred": 30})
+    clock.shift(2)
+    again = _send(requester, _alias(owner), 30, key="k-1")
+    assert again.json() == {"transferred": 30}
+    assert (_balance(requester), _balance(owner)) == (Decimal(70), Decimal(130))
+    found = requester.client.get("/api/v2/find_user", HTTP_APIKEY=requester.api_key).json()
+    assert (found["kudos"], found["kudos_details"]["gifted"]) == (70, -30)
+    clock.shift(2)
+    conflict = _send(requester, _alias(owner), 31, key="k-1")
+    assert (conflict.status_code, conflict.json()["rc"]) == (400, "IdempotencyKeyConflict")
+    call_command("check_kudos")
+
+
+def test_a_transfer_is_refused_past_what_its_sender_can_spend(requester, owner, clock):
+    give_kudos(requester, "100")
+    # 100 less the floor of 25 can be spent, less what a queued request holds (13 x 80 x 3.4 / 100).
+    requester.request_text(params={"max_length": 80})
+    clock.shift(2)
+    refused = _send(requester, _alias(owner), 40)
+    assert (refused.status_code, refused.json()["rc"]) == (400, "KudosTransferNotEnough")
+    clock.shift(2)
+    assert _send(requester, _alias(owner), 38).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("to", "amount", "rc"),
+    [
+        ("nobody#999999", 10, "InvalidTargetUsername"),
+        ("not-a-user", 10, "InvalidTargetUsername"),
+        ("self", 10, "KudosTransferToSelf"),
+        ("anonymous", 10, "KudosTransferToAnon"),
+        ("owner", 0, "InvalidKudosTransferAmount"),
+        ("owner", -5, "NegativeKudosTransfer"),
+    ],
+)
+def test_the_ai_hordes_refusals(requester, owner, anonymous, to, amount, rc):
+    give_kudos(requester, "100")
+    username = {"self": _alias(requester), "anonymous": _alias(anonymous), "owner": _alias(owner)}.get(to, to)
+    refused = _send(requester, username, amount)
+    assert (refused.status_code, refused.json()["rc"]) == (400, rc)
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
+
+
+def test_the_anonymous_account_sends_nothing(anonymous, owner):
+    refused = _send(anonymous, _alias(owner))
+    assert refused.json()["rc"] == "KudosTransferFromAnon"
+
+
+def test_kudos_cannot_go_straight_back_within_a_minute(requester, owner, clock):
+    give_kudos(requester, "100")
+    give_kudos(owner, "100")
+    assert _send(requester, _alias(owner), 5).status_code == 200
+    back = _send(owner, _alias(requester), 5)
+    assert back.json()["rc"] == "TooFastKudosTransfers"
+    clock.shift(61)
+    assert _send(owner, _alias(requester), 5).status_code == 200
+
+
+def test_one_key_sends_one_transfer_a_second(requester, owner, make_caller, clock):
+    give_kudos(requester, "100")
+    third = make_caller("third")
+    assert _send(requester, _alias(owner), 1).status_code == 200
+    limited = _send(requester, _alias(third), 1)
+    assert (limited.status_code, limited.json()["rc"]) == (429, "RateLimited")
+    clock.shift(1.1)
+    assert _send(requester, _alias(third), 1).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transfer_retried_at_once_moves_once_and_two_past_the_balance_move_one(make_caller):
+    sender, receiver, other = make_caller("sender"), make_caller("receiver"), make_caller("other")
+    give_kudos(sender, "85")  # 60 can be spent: one transfer of 40, not two
+    barrier = threading.Barrier(3)
+    answers: list[object] = []
+
+    def send(to, key: str) -> None:
+        try:
+            barrier.wait()
+            answers.append(
+                transfer_kudos(source=sender.account, username=_alias(to), amount=40, idempotency_key=key)
+            )
+        except errors.KudosValidationError as exc:
+            answers.append(exc.code)
+        finally:
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=send, args=(receiver, "same")),
+        threading.Thread(target=send, args=(receiver, "same")),
+        threading.Thread(target=send, args=(other, "other")),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 1, answers
+    # Whichever went first: the keyed transfer (its retry answers the same) or the other.
+    refused = "KudosTransferNotEnough"
+    assert sorted(map(str, answers)) in (["40", "40", refused], ["40", refused, refused])
+    assert _balance(sender) == Decimal(45)
+    call_command("check_kudos")
