@@ -57,6 +57,7 @@ def main() -> None:
         KEY_RATE_PER_SECOND="0",
         ADDRESS_RATE_PER_SECOND="0",
         ACCOUNT_MAX_WAITING_REQUESTS="1000",
+        DATABASE_POOL_MAX_SIZE="40",  # a connection for each thread
     )
     prepare_database(DB_NAME, env)
     os.environ.update(env)
@@ -113,6 +114,8 @@ def run(seconds: float, threads: int) -> dict:
                     count(exc.code)
                 except Exception as exc:  # every other error is a finding
                     kind = "deadlock" if "deadlock" in str(exc) else type(exc).__name__
+                    if kind not in failures:
+                        print(f"{step.__name__}: {kind}: {str(exc)[:600]}", file=sys.stderr)
                     count(kind, failures)
         finally:
             connections.close_all()

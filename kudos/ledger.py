@@ -95,12 +95,18 @@ def post(
     now: datetime | None = None,
 ) -> Posted:
     """Post an event of `entries` once for `key` (a retry of a posted key changes nothing)."""
-    params = event_params(kind=kind, key=key, entries=entries, now=now or clock.now(), reason=reason)
+    return post_params(
+        event_params(kind=kind, key=key, entries=entries, now=now or clock.now(), reason=reason)
+    )
+
+
+def post_params(params: dict[str, Any]) -> Posted:
+    """Post the event of `event_params` once for its key, in a statement of its own."""
     with connection.cursor() as cursor:
         cursor.execute(sql.post(), params)
         event_id, forgiven = cursor.fetchone()
     if event_id is None:
-        return Posted(Event.objects.get(key=key).pk, posted=False, forgiven=ZERO)
+        return Posted(Event.objects.get(key=params["k_key"]).pk, posted=False, forgiven=ZERO)
     return Posted(event_id, posted=True, forgiven=forgiven)
 
 

@@ -12,11 +12,15 @@ from uuid import UUID
 import redis.exceptions
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F
 from django_redis import get_redis_connection
 
 from hordeops import clock, errors
 from jobs import claims, leases, relay, sql
-from jobs.models import Ending, TextRequest
+from jobs.models import Ending, Generation, TextRequest
+from jobs.services.settlement import settle
+from kudos import ledger
+from workers.models import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +37,10 @@ def cancel_request(
     """
     now = now or clock.now()
     with transaction.atomic():
+        # Its running generations first, then the request: the order the submit and the stale
+        # pass lock them in (generation, then request), so that a cancellation and a submit
+        # never wait on each other in a cycle.
+        _lock_running(request_id)
         request = TextRequest.objects.select_for_update().filter(pk=request_id).first()
         if request is None:
             raise errors.RequestNotFound()
@@ -43,12 +51,21 @@ def cancel_request(
             request.queued = 0
             request.ending = reason
             request.save(update_fields=["state", "queued", "ending"])
-            running = list(request.generations.processing().values_list("pk", flat=True))
+            # With any popped while it waited for the request; one whose submit or abort holds it
+            # now is left to them (it waits for this request), or they would wait on each other.
+            running = _lock_running(request_id, skip_locked=True)
             _cancel_generations({generation_id: request.max_length for generation_id in running}, reason, now)
             failures = [(request.pk, reason)] if request.relayed else []
             # Robust: with Redis down the cancellation still commits; the leases then expire.
             transaction.on_commit(lambda: _end_streams(failures, running), robust=True)
     return request
+
+
+def _lock_running(request_id: UUID, *, skip_locked: bool = False) -> list[UUID]:
+    """Lock the request's processing generations, in id order; their ids."""
+    running = Generation.objects.filter(request_id=request_id, state=Generation.State.PROCESSING)
+    locked = running.select_for_update(no_key=True, skip_locked=skip_locked).order_by("pk")
+    return list(locked.values_list("pk", flat=True))
 
 
 def current_request(*, request_id: UUID, now: datetime | None = None) -> TextRequest:
@@ -143,12 +160,14 @@ def _cancel_generations(max_lengths: dict[UUID, int], reason: Ending, now: datet
 
     Usage is unknown (the worker never confirmed a final count); the tokens relayed are the
     worker's last reported count within what it relayed (`jobs.claims`), or the relayed bytes
-    / 4. No text is kept.
+    / 4. No text is kept. A generation cancelled after it relayed output settles for those
+    tokens (`kudos.earning`): its worker's owner is paid for what was delivered.
     """
     if not max_lengths:
         return
     generation_ids = list(max_lengths)
     settlement = []
+    delivered: dict[UUID, int] = {}
     try:
         states = leases.states(generation_ids)
     except redis.exceptions.RedisError:
@@ -169,9 +188,31 @@ def _cancel_generations(max_lengths: dict[UUID, int], reason: Ending, now: datet
         settlement.append(
             json.dumps({"usage": "unknown", "tokens_relayed": relayed, "reservation": None, "reason": reason})
         )
+        if relayed:
+            delivered[generation_id] = relayed
     with connection.cursor() as cursor:
         params = {"ids": generation_ids, "settlement": settlement, "now": now}
         cursor.execute(sql.cancel_generations(), params)
+        cancelled = {generation_id for (generation_id,) in cursor.fetchall()}
+    _pay_delivered({g: tokens for g, tokens in delivered.items() if g in cancelled}, now)
+
+
+def _pay_delivered(delivered: dict[UUID, int], now: datetime) -> None:
+    """Settle cancelled generations for the tokens they delivered, in the caller's transaction."""
+    if not delivered:
+        return
+    paid = Generation.objects.filter(pk__in=delivered).select_related("worker__account", "request")
+    for generation in paid.defer("request__prompt", "request__messages", "text"):
+        settled = settle(generation, tokens=delivered[generation.pk], result=Generation.Result.OK, now=now)
+        # The rows in the submit's order (generation, request, worker, then wallets): no cycle.
+        Generation.objects.filter(pk=generation.pk).update(reward=settled.earned)
+        TextRequest.objects.filter(pk=generation.request_id).update(
+            kudos_spent=F("kudos_spent") + settled.cost
+        )
+        Worker.objects.filter(pk=generation.worker_id).update(
+            kudos_rewards=F("kudos_rewards") + settled.earned
+        )
+        ledger.post_params(settled.params)
 
 
 def _end_streams(failures: list[tuple[UUID, Ending]], dead_generations: list[UUID]) -> None:

@@ -15,7 +15,7 @@ from jobs.models import Ending, Generation
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
 from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
 from jobs.services.requests import estimate_tokens
-from kudos.earning import Earner, Settlement, settle_generation
+from jobs.services.settlement import settle
 from workers.models import Worker
 from workers.services import count_aborts
 
@@ -110,27 +110,6 @@ def _submit(
             robust=True,
         )
     return float(settlement.earned)
-
-
-def settle(generation: Generation, *, tokens: int, result: str, now: datetime) -> Settlement:
-    """The kudos event of `generation` (loaded by `posted_generation`) delivering `tokens`."""
-    worker, text_request = generation.worker, generation.request
-    return settle_generation(
-        generation_id=generation.pk,
-        model=generation.model,
-        tokens=tokens,
-        prompt_tokens=text_request.prompt_tokens,
-        max_length=text_request.max_length,
-        earner=Earner(
-            account_id=worker.account_id,
-            trusted=worker.account.trusted,
-            anonymous=worker.account.is_anonymous,
-            bridge_agent=worker.bridge_agent,
-        ),
-        payer_id=text_request.account_id,
-        result=result,
-        now=now,
-    )
 
 
 def _relay_done(request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str) -> None:

@@ -22,12 +22,14 @@ RELAYED = f"(r.kind = '{TextRequest.Kind.CHAT.value}' OR r.followed)"
 
 @cache
 def cancel_generations() -> str:
-    """Cancel processing generations (`ids`), each with its settlement information."""
+    """Cancel processing generations (`ids`), each with its settlement information; the ids of
+    those cancelled."""
     return f"""
         UPDATE {GENERATIONS} AS g
         SET state = '{CANCELLED}', finished_at = %(now)s, settlement_information = v.settlement
         FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(settlement)s::jsonb[]) AS settlement) AS v
         WHERE g.id = v.id AND g.state = '{PROCESSING}'
+        RETURNING g.id
         """
 
 

@@ -1,16 +1,19 @@
 """Earning (`kudos.earning`): an accepted submit pays its worker's owner by the AI Horde's text
 rate and charges its requester the same, in the submit's own statement; nothing else earns."""
 
+import threading
 from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 
 from jobs.models import Generation
-from jobs.services import abort_stale_generations
+from jobs.services import abort_stale_generations, cancel_request, submit_generation
 from kudos import ledger
 from kudos.ledger import to_account, to_system
 from kudos.models import Event, Posting, TextModel, Wallet
+from tests.conftest import progress
 
 T0 = "2026-06-01 08:00:00+00:00"
 BRIDGE = {"bridge_agent": "AI Horde Worker:1:https://example.org"}
@@ -100,3 +103,74 @@ def test_a_given_back_or_aborted_generation_earns_nothing(requester, trusted_own
     assert not Event.objects.filter(kind=Event.Kind.GENERATION).exists()
     assert _balance(trusted_owner) == 0
     call_command("check_kudos")
+
+
+def test_a_chat_job_cancelled_after_its_output_earns_for_what_it_delivered(requester, owner, chat_job, clock):
+    award(requester)
+    job = chat_job(owner, max_length=1024)
+    clock.shift(5)
+    assert progress(owner, job["id"], 1, "forty tokens " * 12, tokens=40).status_code == 200
+    generation = Generation.objects.get(pk=job["id"])
+    cancel_request(request_id=generation.request_id)
+    generation.refresh_from_db()
+    assert generation.state == Generation.State.CANCELLED and generation.reward > 0
+    event = Event.objects.get(key=f"generation:{job['id']}")
+    paid = Posting.objects.filter(event=event, wallet__account=owner.account).total()
+    assert paid == Decimal(str(generation.reward))  # half of it in escrow: the owner is untrusted
+    assert _balance(requester) == Decimal(1000) - paid - 1
+    call_command("check_kudos")
+
+
+def test_a_job_cancelled_before_any_output_earns_nothing(requester, owner, chat_job):
+    job = chat_job(owner, max_length=1024)
+    cancel_request(request_id=Generation.objects.get(pk=job["id"]).request_id)
+    assert not Event.objects.filter(kind=Event.Kind.GENERATION).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_submit_racing_a_cancel_settles_once_or_not_at_all_without_a_deadlock(make_caller):
+    requester, owner = make_caller("racer-requester"), make_caller("racer-owner", trusted=True)
+    award(requester)
+    owner.pop("racer", models=["m1"], **BRIDGE)
+    for _ in range(12):  # a cycle, where there is one, shows within a few rounds
+        request_id = requester.request_text(models=["m1"], params={"max_length": 40}).json()["id"]
+        job_id = owner.pop("racer", models=["m1"], **BRIDGE).json()["id"]
+        _race(
+            lambda job_id=job_id: submit_generation(
+                api_key=owner.api_key,
+                generation_id=job_id,
+                text="y" * 200,
+                state="ok",
+                seed=0,
+                gen_metadata=[],
+            ),
+            lambda request_id=request_id: cancel_request(request_id=request_id),
+        )
+        state = Generation.objects.get(pk=job_id).state
+        settled = Event.objects.filter(key=f"generation:{job_id}").count()
+        # Accepted: settled once. Cancelled first: a legacy worker's submit is answered 0 and its
+        # job, which relayed nothing, earns nothing.
+        assert (state, settled) in ((Generation.State.DONE, 1), (Generation.State.CANCELLED, 0))
+    call_command("check_kudos")
+
+
+def _race(*calls) -> None:
+    """Run the calls at once, each on its own thread and connection; raise what any raised."""
+    barrier = threading.Barrier(len(calls))
+    failures: list[BaseException] = []
+
+    def run(call) -> None:
+        try:
+            barrier.wait()
+            call()
+        except BaseException as exc:  # handed to the test thread
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not failures, failures
