@@ -1,6 +1,7 @@
 """Do the pop and the status cost the same at 100,000 queued as at 100? In-process, real PostgreSQL.
 
 Run:  .venv/bin/python bench/flat_costs.py [--samples 30] [--sizes 100:10,10000:100,100000:1000]
+          [--kudos]
 
 (a few minutes; the JSON goes to stdout, the plans to a text file under /tmp named on stderr.)
 
@@ -94,12 +95,13 @@ def fill_queue(queued: int, workers: int, now) -> None:
                  requested_models, allowed_workers, trusted_workers, slow_workers, priority,
                  fair_rank, n, queued, finished, restarts, created_at, expires_at)
             SELECT gen_random_uuid(), %(account)s, 'chat', 'active', 'bench question', '{{}}',
-                   256, 512, ARRAY[m.model]::varchar[], '{{}}', false, true, 0,
+                   256, 512, ARRAY[m.model]::varchar[], '{{}}', false, true,
+                   CASE WHEN %(kudos)s THEN (random() ^ 3 * 100000)::integer ELSE 0 END,
                    0, 1, 1, 0, 0, %(now)s - (m.i || ' milliseconds')::interval,
                    %(now)s + interval '1 hour'
             FROM unnest(%(models)s::varchar[]) WITH ORDINALITY AS m(model, i)
             """,
-            {"account": requester.pk, "now": now, "models": models},
+            {"account": requester.pk, "now": now, "models": models, "kudos": KUDOS_PRIORITIES},
         )
     # The newest request: the only one for its model. The long ones, at the tail.
     for model, length in ((LONG, 4000), (LONG, 4000), (NEWEST, 256)):
@@ -219,7 +221,13 @@ def _measure(queued: int, workers: int, samples: int):
     return size, cases, now
 
 
+# --kudos: queued requests' priorities spread as their accounts' balances would be (a few rich,
+# most poor: 100,000 x u^3), rather than all 0.
+KUDOS_PRIORITIES = False
+
+
 def main() -> None:
+    global KUDOS_PRIORITIES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--sizes", default="100:10,10000:100,100000:1000")
@@ -229,7 +237,9 @@ def main() -> None:
         default="auto",
         help="plan_cache_mode for the prepared statements (auto: PostgreSQL's choice, as in service)",
     )
+    parser.add_argument("--kudos", action="store_true", help="priorities spread as kudos balances")
     args = parser.parse_args()
+    KUDOS_PRIORITIES = args.kudos
     sizes = [tuple(int(x) for x in size.split(":")) for size in args.sizes.split(",")]
 
     prepare_database(DB_NAME)
@@ -266,6 +276,7 @@ def main() -> None:
                 "cores": os.cpu_count(),
                 "samples": args.samples,
                 "plan_cache_mode": args.plan,
+                "kudos_priorities": args.kudos,
                 "figures": figures,
                 "largest_over_smallest_median": ratios,
             },

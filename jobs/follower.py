@@ -21,6 +21,7 @@ class Output:
     kind: str  # delta, done or failed
     text: str = ""
     tokens: int = 0
+    kudos: float = 0.0
     finish_reason: str = "stop"
     ending: Ending = Ending.NONE  # why a failed request ended
 
@@ -64,6 +65,7 @@ class Follower:
                         "done",
                         text=text,
                         tokens=int(event.fields.get("tokens", 0)),
+                        kudos=float(event.fields.get("kudos", 0)),
                         finish_reason=event.fields.get("finish_reason", "stop"),
                     )
             elif event.type == relay.FAILED:

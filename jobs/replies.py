@@ -77,7 +77,7 @@ class Exchange:
             return self.protocol.error_response(err)
         if not stream:
             await self._outputs.aclose()
-            usage = Usage(self.prompt_tokens, first.tokens)
+            usage = Usage(self.prompt_tokens, first.tokens, first.kudos)
             return JsonResponse(self.protocol.response(self.reply, first.text, first.finish_reason, usage))
         response = StreamingHttpResponse(self._events(first), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
@@ -145,5 +145,5 @@ class Exchange:
         if rest:
             yield from self.protocol.stream_delta(self.reply, rest)
         yield from self.protocol.stream_end(
-            self.reply, output.finish_reason, Usage(self.prompt_tokens, output.tokens)
+            self.reply, output.finish_reason, Usage(self.prompt_tokens, output.tokens, output.kudos)
         )

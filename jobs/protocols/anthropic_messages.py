@@ -132,7 +132,11 @@ class AnthropicMessages(ChatProtocol):
             reply,
             [{"type": "text", "text": text}],
             self._stop_reason(finish_reason),
-            {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+            {
+                "input_tokens": usage.prompt_tokens,
+                "output_tokens": usage.completion_tokens,
+                "kudos": usage.kudos,
+            },
         )
 
     def stream_start(self, reply: Reply) -> list[str]:
@@ -155,7 +159,11 @@ class AnthropicMessages(ChatProtocol):
         message_delta = {
             "type": "message_delta",
             "delta": {"stop_reason": self._stop_reason(finish_reason), "stop_sequence": None},
-            "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+            "usage": {
+                "input_tokens": usage.prompt_tokens,
+                "output_tokens": usage.completion_tokens,
+                "kudos": usage.kudos,
+            },
         }
         return [
             sse({"type": "content_block_stop", "index": 0}, event="content_block_stop"),

@@ -67,6 +67,9 @@ class Reply:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # What the generation cost the requester (`kudos.earning`), beside the tokens as the AI
+    # Horde would answer it: a key more in each protocol's usage, which their SDKs keep.
+    kudos: float = 0.0
 
     @property
     def total_tokens(self) -> int:

@@ -96,11 +96,12 @@ class OpenAIChat(OpenAIErrors):
         # No [DONE] after an error: the stream simply ends.
         return [sse(self.error_body(err))]
 
-    def _usage(self, usage: Usage) -> dict[str, int]:
+    def _usage(self, usage: Usage) -> dict[str, float]:
         return {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
+            "kudos": usage.kudos,
         }
 
     def response(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:

@@ -97,11 +97,12 @@ class OpenAICompletions(OpenAIErrors):
             "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
         }
 
-    def _usage(self, usage: Usage) -> dict[str, int]:
+    def _usage(self, usage: Usage) -> dict[str, float]:
         return {
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens,
+            "kudos": usage.kudos,
         }
 
     def stream_start(self, reply: Reply) -> list[str]:

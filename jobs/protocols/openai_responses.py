@@ -183,6 +183,7 @@ class OpenAIResponses(OpenAIErrors):
             "output_tokens": usage.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.total_tokens,
+            "kudos": usage.kudos,
         }
 
     def _final(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:

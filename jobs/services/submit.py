@@ -4,6 +4,7 @@ import json
 import logging
 from collections import Counter
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -106,15 +107,21 @@ def _submit(
         finish = "length" if tokens >= text_request.max_length else "stop"
         # robust: the result is accepted once committed, Redis or not; the answer says so.
         transaction.on_commit(
-            lambda: _relay_done(text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish),
+            lambda: _relay_done(
+                text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish, kudos=settlement.cost
+            ),
             robust=True,
         )
     return float(settlement.earned)
 
 
-def _relay_done(request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str) -> None:
+def _relay_done(
+    request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str, kudos: Decimal
+) -> None:
     leases.kill([generation_id])
-    relay.publish(request_id, relay.DONE, generation_id, text=text, tokens=tokens, finish_reason=finish)
+    relay.publish(
+        request_id, relay.DONE, generation_id, text=text, tokens=tokens, finish_reason=finish, kudos=kudos
+    )
 
 
 def _give_back(generation: Generation, now: datetime) -> None:

@@ -99,6 +99,7 @@ def test_the_openai_sdk_streams_a_reply_relayed_across_two_server_processes(live
     assert final.choices[0].finish_reason == "stop"
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
     assert final.usage is not None and final.usage.completion_tokens == 2 * len(DELTAS)
+    assert final.usage.kudos == Generation.objects.get(pk=generation_id).reward > 0
     assert len({c.id for c in chunks}) == 1
 
     generation = Generation.objects.get(pk=generation_id)
@@ -138,6 +139,8 @@ def test_the_openai_sdk_gets_a_non_streamed_reply_with_its_usage(live_stack, acc
     assert completion.usage.completion_tokens == 4  # the worker's own running count
     assert completion.usage.prompt_tokens > 0
     assert completion.usage.total_tokens == completion.usage.prompt_tokens + 4
+    # And what it cost, beside the tokens: the generation's settlement (an extra key the SDK keeps).
+    assert completion.usage.kudos == Generation.objects.get(pk=generation_id).reward > 0
     text_request = Generation.objects.get(pk=generation_id).request
     assert text_request.max_length == 300
     assert text_request.stream_generation is None  # a plain reply commits no stream
