@@ -239,9 +239,17 @@ class SubmitOutput(serializers.Serializer):
     reward = serializers.FloatField()
 
 
+class WholeKudosField(StrictFloatField):
+    """A number read as whole kudos, as the AI Horde's `type=int` reads it (5.0 and 5.7 are 5):
+    horde_sdk sends the amount as a float."""
+
+    def to_internal_value(self, data) -> int:
+        return int(super().to_internal_value(data))
+
+
 class KudosTransferInput(HotInput):
     username = StrictCharField(max_length=255)
-    amount = StrictIntegerField(default=100, min_value=-(2**31), max_value=2**31 - 1)
+    amount = WholeKudosField(default=100, min_value=-(2**31), max_value=2**31 - 1)
 
 
 class KudosTransferOutput(serializers.Serializer):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from jobs.models import Generation, TextRequest
+from tests.conftest import Caller, give_kudos
 from workers.models import Worker
 from workers.services import create_account
 
@@ -49,8 +50,9 @@ def _run_roundtrip(
 
 @pytest.mark.django_db(transaction=True)
 def test_horde_sdk_runs_a_text_request_through_a_worker(live_server, tmp_path) -> None:
-    _, requester_key = create_account(name="sdk-requester")
+    requester, requester_key = create_account(name="sdk-requester")
     worker_account, worker_key = create_account(name="sdk-worker-owner")
+    give_kudos(Caller(account=requester, api_key=requester_key, client=None), "2000")  # to transfer 5
 
     seen = _run_roundtrip(f"{live_server.url}/api/", requester_key, worker_key, tmp_path)
 
@@ -101,8 +103,9 @@ def test_horde_sdk_runs_a_text_request_through_a_worker(live_server, tmp_path) -
 def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow_and_the_discovery_routes(
     live_server, tmp_path
 ) -> None:
-    _, requester_key = create_account(name="sdk-strict-requester")
+    requester, requester_key = create_account(name="sdk-strict-requester")
     worker_account, worker_key = create_account(name="sdk-strict-owner")
+    give_kudos(Caller(account=requester, api_key=requester_key, client=None), "2000")  # to transfer 5
 
     seen = _run_roundtrip(f"{live_server.url}/api/", requester_key, worker_key, tmp_path, strict=True)
 
@@ -131,5 +134,8 @@ def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow_and_the_d
     assert found["totals_total"]["requests"] >= 1 and found["per_model_total"][MODEL] >= 1
     assert worker.name in found["all_types"]
     assert found["deleted"] == {"id": str(worker.id), "name": worker.name}
+    # The kudos routes: a transfer, and the receiver's balance and kudos_details after it.
+    assert found["transferred"] == 5
+    assert found["kudos"]["after"] == found["kudos"]["before"] + 5 and found["kudos"]["received"] == 5
     worker.refresh_from_db()
     assert worker.deleted_at is not None

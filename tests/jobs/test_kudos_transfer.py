@@ -135,3 +135,10 @@ def test_a_transfer_retried_at_once_moves_once_and_two_past_the_balance_move_one
     assert sorted(map(str, answers)) in (["40", "40", refused], ["40", refused, refused])
     assert _balance(sender) == Decimal(45)
     call_command("check_kudos")
+
+
+def test_a_fractional_amount_is_read_as_whole_kudos_as_the_ai_horde_reads_it(requester, owner):
+    give_kudos(requester, "100")
+    sent = _send(requester, _alias(owner), 7.9)  # horde_sdk sends floats
+    assert sent.json() == {"transferred": 7}
+    assert _send(requester, _alias(owner), "7").json()["rc"] == "ValidationError"

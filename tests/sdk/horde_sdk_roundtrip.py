@@ -53,6 +53,8 @@ from horde_sdk.ai_horde_api.apimodels import (
     HordeStatusModelsSingleRequest,
     HordeStatusModelsSingleResponse,
     JobSubmitResponse,
+    KudosTransferRequest,
+    KudosTransferResponse,
     ModelGenerationInputKobold,
     ModifyWorkerRequest,
     ModifyWorkerResponse,
@@ -256,7 +258,15 @@ def _discover(
     deleted = _send(
         client, DeleteWorkerRequest(worker_id=mine[0].id_, apikey=worker_key), DeleteWorkerResponse
     )
+    sent = _send(
+        client,
+        KudosTransferRequest(apikey=requester_key, username=me.username, amount=5),
+        KudosTransferResponse,
+    )
+    after = _send(client, FindUserRequest(apikey=worker_key), UserDetailsResponse)
     return {
+        "transferred": sent.transferred,
+        "kudos": {"before": me.kudos, "after": after.kudos, "received": after.kudos_details.received},
         "find_user": {"username": me.username, "worker_count": me.worker_count, "worker_ids": me.worker_ids},
         "user": {"username": user.username, "worker_ids": user.worker_ids},
         "worker": {
