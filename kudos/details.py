@@ -1,5 +1,5 @@
 """Accounts as the AI Horde's `find_user` and `users/{id}` show a user (`horde/apis/models/v2.py`
-`UserDetails`): its kudos from its wallets, its contributions from its workers' rows.
+`UserDetails`): its kudos and its records from its spendable wallet, kept by the ledger.
 
 `privileged` is the AI Horde's details privilege: the caller is the account itself or a
 moderator; `moderator` the higher one, a moderator's, which also sees the escrow.
@@ -21,6 +21,21 @@ def _number(value: Decimal | str | float) -> float:
     return round(float(value), 2)
 
 
+def records(details: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """The AI Horde's `UserRecords` from a wallet's `details` (its events' `records`)."""
+
+    def kept(key: str) -> int:
+        return int(Decimal(str(details.get(key, 0))))
+
+    return {
+        "usage": {"megapixelsteps": 0, "tokens": kept("usage_tokens")},
+        "contribution": {"megapixelsteps": 0, "tokens": kept("contribution_tokens")},
+        "fulfillment": {"image": 0, "text": kept("fulfillment_text"), "interrogation": 0},
+        "request": {"image": 0, "text": kept("request_text"), "interrogation": 0},
+        "style": {"image": 0, "text": 0, "interrogation": 0},
+    }
+
+
 def user_details(
     account: Account, *, now: datetime, privileged: bool, moderator: bool = False
 ) -> dict[str, Any]:
@@ -39,10 +54,7 @@ def user_details(
         "kudos_details": {key: _number(moved.get(key, 0)) for key in DETAILS_KEYS},
         "usage": {},  # the AI Horde's obsolete keys, empty there too
         "contributions": {},
-        "records": {
-            "contribution": {"tokens": sum(worker.tokens_generated for worker in workers)},
-            "fulfillment": {"text": sum(worker.completed_jobs for worker in workers)},
-        },
+        "records": records(moved),
         "concurrency": account.waiting_requests_limit,
         "worker_invited": 0,
         "moderator": account.moderator,

@@ -4,6 +4,7 @@ A generation settles once, keyed by its id, whether by its worker's submit or by
 cancellation after output: the worker's owner is paid what `kudos.rates.generation_kudos` says
 for the tokens it delivered, minted by the treasury (half of it to escrow while the owner is
 untrusted); the requester pays the same, burned into the sink, unless the result was censored.
+The event also adds to both accounts' records (`Event.records`): the tokens paid for and one job.
 """
 
 from dataclasses import dataclass
@@ -77,7 +78,15 @@ def settle_generation(
         to_account(payer_id, -cost),
         to_system(Wallet.System.SINK, cost),
     ]
+    paid_tokens = things(tokens, max_length=max_length)
+    records = {payer_id: {"usage_tokens": paid_tokens, "request_text": 1}}
+    earner_records = records.setdefault(earner.account_id, {})
+    earner_records.update(contribution_tokens=paid_tokens, fulfillment_text=1)
     params = event_params(
-        kind=Event.Kind.GENERATION, key=generation_key(generation_id), entries=entries, now=now
+        kind=Event.Kind.GENERATION,
+        key=generation_key(generation_id),
+        entries=entries,
+        now=now,
+        records=records,
     )
     return Settlement(earned=earned, cost=cost, params=params)

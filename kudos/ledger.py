@@ -53,10 +53,17 @@ class Posted(NamedTuple):
 
 
 def event_params(
-    *, kind: Event.Kind, key: str, entries: list[Entry], now: datetime, reason: str = ""
+    *,
+    kind: Event.Kind,
+    key: str,
+    entries: list[Entry],
+    now: datetime,
+    reason: str = "",
+    records: dict[int, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The parameters of `kudos.sql.post_event` for one event. Entries must sum to zero; those
-    to one wallet are merged, zero amounts left out, account wallets in their locking order."""
+    to one wallet are merged, zero amounts left out (unless the wallet keeps `records` of the
+    event: `Event.records`, by account id), account wallets in their locking order."""
     accounts: dict[tuple[int, bool], Decimal] = {}
     systems: dict[str, Decimal] = {}
     for entry in entries:
@@ -68,11 +75,13 @@ def event_params(
     total = sum(accounts.values(), ZERO) + sum(systems.values(), ZERO)
     if total != 0:
         raise Unbalanced(f"the entries of {kind} {key} sum to {total}")
+    for account_id in records or {}:
+        accounts.setdefault((account_id, False), ZERO)
     # As JSON text, each a parameter psycopg sends as it is (arrays of numbers cost it more).
     moved = [
-        [account_id, escrow, str(amount), None if escrow else Event.action(kind, amount)]
+        [account_id, escrow, str(amount), None if escrow or not amount else Event.action(kind, amount)]
         for (account_id, escrow), amount in sorted(accounts.items())
-        if amount
+        if amount or (not escrow and account_id in (records or {}))
     ]
     minted = {str(system): str(amount) for system, amount in systems.items() if amount}
     return {
@@ -83,6 +92,9 @@ def event_params(
         "k_anonymous": ANONYMOUS_API_KEY_HASH,
         "k_moves": json.dumps(moved),
         "k_systems": json.dumps(minted),
+        "k_records": json.dumps({str(account): kept for account, kept in records.items()})
+        if records
+        else None,
     }
 
 
@@ -93,10 +105,13 @@ def post(
     entries: list[Entry],
     reason: str = "",
     now: datetime | None = None,
+    records: dict[int, dict[str, int]] | None = None,
 ) -> Posted:
     """Post an event of `entries` once for `key` (a retry of a posted key changes nothing)."""
     return post_params(
-        event_params(kind=kind, key=key, entries=entries, now=now or clock.now(), reason=reason)
+        event_params(
+            kind=kind, key=key, entries=entries, now=now or clock.now(), reason=reason, records=records
+        )
     )
 
 

@@ -111,6 +111,8 @@ class Event(models.Model):
         Kind.TRANSFER: "received",
     }
     GIFTED = "gifted"
+    # The keys of `records`, kept summed in the account's spendable wallet's `details` too.
+    RECORDS = ("usage_tokens", "request_text", "contribution_tokens", "fulfillment_text")
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -119,6 +121,9 @@ class Event(models.Model):
     key = models.CharField(max_length=200, unique=True)
     reason = models.CharField(max_length=500, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # The AI Horde's user records this event adds to, by account id (a generation's: its
+    # requester's usage and request count, its worker owner's contribution and fulfillment).
+    records = models.JSONField(null=True, blank=True)
 
     objects = EventQuerySet.as_manager()
 

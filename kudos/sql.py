@@ -34,8 +34,8 @@ def post_event(*, guard: str = "true") -> str:
     moved = "(EXCLUDED.balance - EXCLUDED.forgiven)"
     return f"""
         k_event AS (
-            INSERT INTO {EVENTS} (kind, key, reason, created_at)
-            SELECT %(k_kind)s, %(k_key)s, %(k_reason)s, %(k_now)s WHERE {guard}
+            INSERT INTO {EVENTS} (kind, key, reason, created_at, records)
+            SELECT %(k_kind)s, %(k_key)s, %(k_reason)s, %(k_now)s, %(k_records)s::jsonb WHERE {guard}
             ON CONFLICT (key) DO NOTHING
             RETURNING id
         ),
@@ -50,6 +50,8 @@ def post_event(*, guard: str = "true") -> str:
                    GREATEST(f.floor - m.amount, 0),
                    CASE WHEN m.action IS NULL THEN '{{}}'::jsonb
                         ELSE jsonb_build_object(m.action, m.amount) END
+                   || CASE WHEN m.escrow THEN '{{}}'::jsonb
+                           ELSE COALESCE(%(k_records)s::jsonb -> m.account_id::text, '{{}}'::jsonb) END
             FROM k_moves AS m JOIN {ACCOUNTS} AS a ON a.id = m.account_id,
                  LATERAL (SELECT {floor} AS floor) AS f
             WHERE EXISTS (SELECT FROM k_event)
@@ -67,6 +69,7 @@ def post_event(*, guard: str = "true") -> str:
             INSERT INTO {POSTINGS} (event_id, wallet_id, amount)
             SELECT e.id, w.id, m.amount
             FROM k_event AS e, k_moved AS w JOIN k_moves AS m USING (account_id, escrow)
+            WHERE m.amount <> 0
             UNION ALL
             SELECT e.id, s.id, (x.value)::numeric
             FROM k_event AS e, jsonb_each_text(%(k_systems)s::jsonb) AS x
@@ -99,7 +102,7 @@ def post() -> str:
 
 def drifted_details() -> str:
     """Spendable wallets whose `details` differ from their postings summed by action
-    (`Event.action`): (account id, kept, posted)."""
+    (`Event.action`) and their events' `records`: (account id, kept, posted)."""
     action = "CASE " + " ".join(
         f"WHEN e.kind = '{kind.value}' THEN '{name}'"
         for kind, name in Event.ACTIONS.items()
@@ -115,6 +118,14 @@ def drifted_details() -> str:
                                       ELSE ({action} END) END AS action) AS a
             WHERE a.action IS NOT NULL
             GROUP BY p.wallet_id, a.action
+            UNION ALL
+            SELECT w.id, x.key, sum(x.value::numeric)
+            FROM {EVENTS} AS e
+                 CROSS JOIN LATERAL jsonb_each(e.records) AS r(account, kept)
+                 CROSS JOIN LATERAL jsonb_each_text(r.kept) AS x
+                 JOIN {WALLETS} AS w ON w.account_id = r.account::bigint AND NOT w.escrow
+            WHERE e.records IS NOT NULL
+            GROUP BY w.id, x.key
         ),
         expected AS (
             SELECT w.id, COALESCE((SELECT jsonb_object_agg(action, total) FROM posted WHERE wallet_id = w.id),

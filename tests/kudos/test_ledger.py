@@ -82,6 +82,25 @@ def test_each_account_keeps_its_kudos_details_by_the_ai_hordes_actions(db):
         call_command("check_kudos")
 
 
+def test_an_events_records_are_kept_by_account_and_checked_against_the_events(db):
+    alice, bob = _account("alice"), _account("bob")
+    _award(alice, "100", "award:ra")
+    for key in ("generation:1", "generation:2"):
+        ledger.post(
+            kind=Event.Kind.GENERATION,
+            key=key,
+            entries=[to_account(alice.pk, Decimal("-2")), to_account(bob.pk, Decimal("2"))],
+            records={alice.pk: {"usage_tokens": 30, "request_text": 1}, bob.pk: {"fulfillment_text": 1}},
+        )
+    kept = dict(Wallet.objects.filter(account__isnull=False).values_list("account__name", "details"))
+    assert (kept["alice"]["usage_tokens"], kept["alice"]["request_text"]) == (60, 2)
+    assert kept["bob"]["fulfillment_text"] == 2
+    call_command("check_kudos")
+    Wallet.objects.filter(account=alice).update(details={**kept["alice"], "usage_tokens": 61})
+    with pytest.raises(CommandError, match="does not reconcile"):
+        call_command("check_kudos")
+
+
 def test_a_debit_past_the_floor_is_forgiven_and_posted_as_minted(db):
     alice = _account("alice")
     _award(alice, "30", "award:f")

@@ -17,7 +17,12 @@ def test_find_user_shows_the_keys_own_account_with_its_workers_and_contributions
     assert user["username"] == f"owner#{owner.account.id}" and user["id"] == owner.account.id
     assert user["worker_count"] == 2
     assert sorted(user["worker_ids"]) == sorted(str(w.id) for w in owner.account.workers.all())
-    assert user["records"] == {"contribution": {"tokens": 64}, "fulfillment": {"text": 1}}
+    # The AI Horde's records: the tokens paid for (at most the 64 asked) and the jobs.
+    assert user["records"]["contribution"] == {"megapixelsteps": 0, "tokens": 64}
+    assert user["records"]["fulfillment"] == {"image": 0, "text": 1, "interrogation": 0}
+    assert user["records"]["usage"]["tokens"] == user["records"]["request"]["text"] == 0
+    asked = requester.client.get("/api/v2/find_user", HTTP_APIKEY=requester.api_key).json()["records"]
+    assert (asked["usage"]["tokens"], asked["request"]["text"], asked["contribution"]["tokens"]) == (64, 1, 0)
     # An unknown model earns an untrusted worker the context multiplier alone (a 20-token context:
     # 1.2 + 2.2 ^ log2(20 / 1,024) = 1.21), half of it held in escrow (shown to moderators only).
     # The 0.61 paid raised a new account to the floor of 25.
@@ -56,3 +61,13 @@ def test_an_unknown_or_malformed_user_id_is_UserNotFound(requester):
     for user_id in ("999999", "abc", "-1", "", "9" * 30, "²", "①", "١", "1²", "9" * 4301):
         answer = requester.client.get(f"/api/v2/users/{user_id}")
         assert (answer.status_code, answer.json()["rc"]) == (404, "UserNotFound"), user_id
+
+
+def test_an_account_serving_its_own_request_keeps_both_records_though_its_kudos_net_out(owner):
+    owner.request_text(models=["m1"], params={"max_length": 40})
+    job = owner.pop("w-one", models=["m1"]).json()
+    assert owner.submit(job["id"], "x" * 100).status_code == 200  # 25 tokens
+
+    records = owner.client.get("/api/v2/find_user", HTTP_APIKEY=owner.api_key).json()["records"]
+    assert (records["usage"]["tokens"], records["request"]["text"]) == (25, 1)
+    assert (records["contribution"]["tokens"], records["fulfillment"]["text"]) == (25, 1)
