@@ -248,3 +248,31 @@ class KeepAliveConnection:
         if self._writer is not None:
             self._writer.close()
             self._reader = self._writer = None
+
+
+def ledger_checks() -> dict:
+    """The kudos ledger after a run: its sum (must be 0), `check_kudos` (every balance,
+    kudos_details and records against the postings and events: must be clean), events by kind,
+    and accepted generations without exactly one generation event (must be 0)."""
+    from collections import Counter
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from jobs.models import Generation
+    from kudos.earning import generation_key
+    from kudos.models import Event, Posting
+
+    try:
+        call_command("check_kudos", stdout=open(os.devnull, "w"), stderr=open(os.devnull, "w"))
+        checked = "clean"
+    except CommandError as exc:
+        checked = str(exc)
+    paid = set(Event.objects.filter(kind=Event.Kind.GENERATION).values_list("key", flat=True))
+    done = Generation.objects.filter(state=Generation.State.DONE).values_list("id", flat=True)
+    return {
+        "ledger_sum": str(Posting.objects.total()),
+        "check_kudos": checked,
+        "events": dict(Counter(Event.objects.values_list("kind", flat=True))),
+        "accepted_without_event": sum(1 for g in done if generation_key(g) not in paid),
+    }

@@ -36,8 +36,9 @@ final state (done, faulted, expired, cancelled); `lost`, requests that never rea
 state (must be 0); `double_accept`, generations accepted twice, or requests with more accepted
 generations than asked (must be 0); refused repeat submits; restarts; for each stalled job the
 time from the stall to the request's next pop (at most lease + one pass + a worker's pop
-interval); and every streamed text a requester assembled checked against the text the
-worker submitted for it.
+interval); every streamed text a requester assembled checked against the text the
+worker submitted for it; and `kudos`: the ledger after the run (`bench.common.ledger_checks`:
+sum 0, `check_kudos` clean, every accepted generation paid by exactly one event).
 """
 
 import argparse
@@ -57,7 +58,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, prepare_database, reset_tables, start_stack  # noqa: E402
+from bench.common import bench_env, ledger_checks, prepare_database, reset_tables, start_stack  # noqa: E402
 
 DB_NAME = "hordeops_bench_fleet"
 MODEL = "fleet-model"
@@ -574,6 +575,7 @@ def main() -> None:
     for _, path in requesters:
         requests_sent += json.loads(Path(path).read_text())
     report = _report(requests_sent, worker_records, elapsed)
+    report["kudos"] = ledger_checks()
     if outages:
         report["outages"] = _outage_report(outages, requests_sent)
     for process in stack:

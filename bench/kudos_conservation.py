@@ -38,7 +38,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, prepare_database, python_loop_seconds, reset_tables  # noqa: E402
+from bench.common import (  # noqa: E402
+    bench_env,
+    ledger_checks,
+    prepare_database,
+    python_loop_seconds,
+    reset_tables,
+)
 
 DB_NAME = "hordeops_bench_kudos"
 MODEL = "bench-13b"
@@ -70,7 +76,6 @@ def main() -> None:
 def run(seconds: float, threads: int) -> dict:
     from decimal import Decimal
 
-    from django.core.management import call_command
     from django.db import connections
 
     from hordeops import errors
@@ -195,11 +200,6 @@ def run(seconds: float, threads: int) -> dict:
         thread.join()
     elapsed = time.monotonic() - started
 
-    try:
-        call_command("check_kudos", stdout=open(os.devnull, "w"), stderr=open(os.devnull, "w"))
-        checked = "clean"
-    except Exception as exc:
-        checked = str(exc)
     upfront_ids = [a.pk for a in upfront_only]
     forgiven = Posting.objects.filter(
         event__kind=Event.Kind.FORGIVEN,
@@ -213,9 +213,7 @@ def run(seconds: float, threads: int) -> dict:
         "threads": threads,
         "outcomes": dict(outcomes),
         "errors": dict(failures),
-        "events": dict(Counter(Event.objects.values_list("kind", flat=True))),
-        "ledger_sum": str(Posting.objects.total()),
-        "check_kudos": checked,
+        **ledger_checks(),
         "forgiven_upfront_debits": str(forgiven),
     }
 

@@ -109,8 +109,10 @@ def _first_row(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | N
 
 
 # Sent in one pipeline with the statement after it: no Sync between them, so they share an
-# implicit transaction and the setting ends with the statement.
-_GENERIC_PLAN = "SET LOCAL plan_cache_mode = force_generic_plan"
+# implicit transaction and the setting ends with the statement. `set_config(..., true)` is SET
+# LOCAL without its warning there ("can only be used in transaction blocks", in the server log
+# at every pop), though it holds all the same.
+_GENERIC_PLAN = "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
 
 
 def _first_generic_row(sql: str, params: Sequence[Any] | Mapping[str, Any]) -> tuple | None:

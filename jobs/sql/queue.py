@@ -188,8 +188,9 @@ def claim() -> str:
 # -- Queueing a request ------------------------------------------------------------------------
 
 # The account's row, locked until the transaction ends: requests of one account queue one at a
-# time, so two cannot both take its last place (nor the same rank).
-LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR UPDATE"
+# time, so two cannot both take its last place (nor the same rank). NO KEY: a ledger event that
+# creates one of its wallets checks the row's key meanwhile, and must not wait for the lock.
+LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR NO KEY UPDATE"
 
 
 @cache

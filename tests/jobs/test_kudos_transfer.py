@@ -142,3 +142,46 @@ def test_a_fractional_amount_is_read_as_whole_kudos_as_the_ai_horde_reads_it(req
     sent = _send(requester, _alias(owner), 7.9)  # horde_sdk sends floats
     assert sent.json() == {"transferred": 7}
     assert _send(requester, _alias(owner), "7").json()["rc"] == "ValidationError"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sender_locked_for_a_transfer_does_not_block_an_event_that_opens_its_escrow(make_caller):
+    """A transfer or a queueing locks its payer's account row; an event that creates one of its
+    wallets checks that row's key. The lock must let that check through, or a submit holding
+    another wallet and a transfer waiting for that wallet deadlock."""
+    from jobs.sql import LOCK_ACCOUNT
+
+    sender, other = make_caller("sender"), make_caller("other")
+    give_kudos(other, "10")
+    holder = connections.create_connection("default")
+    try:
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute(LOCK_ACCOUNT, {"account_id": sender.account.pk})
+        posted = {}
+
+        def opens_escrow() -> None:
+            try:
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SET lock_timeout = '2s'")
+                posted["event"] = ledger.post(
+                    kind=Event.Kind.GENERATION,
+                    key="generation:escrow-opened",
+                    entries=[
+                        ledger.to_account(other.account.pk, Decimal("-2")),
+                        ledger.to_account(sender.account.pk, Decimal("2"), escrow=True),
+                    ],
+                )
+            except Exception as exc:  # the lock timeout, had the row lock blocked it
+                posted["error"] = exc
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=opens_escrow)
+        thread.start()
+        thread.join(timeout=10)
+        holder.rollback()
+    finally:
+        holder.close()
+    assert "error" not in posted and posted["event"].posted
+    assert ledger.balance(sender.account.pk, escrow=True) == Decimal("2.00")

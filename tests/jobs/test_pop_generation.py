@@ -235,7 +235,10 @@ def test_outside_a_transaction_the_pop_sends_its_plan_setting_with_the_claim(
     # The check-in, then the claim with the setting that chooses its plan, in one round trip.
     with django_assert_num_queries(3) as captured:
         assert owner.pop("w").json()["id"] is not None
-    assert captured.captured_queries[1]["sql"] == "SET LOCAL plan_cache_mode = force_generic_plan"
+    assert (
+        captured.captured_queries[1]["sql"]
+        == "SELECT set_config('plan_cache_mode', 'force_generic_plan', true)"
+    )
 
 
 @pytest.mark.django_db(transaction=True)
