@@ -1,3 +1,4 @@
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -6,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.core.cache import cache
+from django.db import connections
 from rest_framework.test import APIClient
 
 from tests.live import live_stack, private_postgres, private_redis  # noqa: F401
@@ -231,3 +233,29 @@ def multiply_rows(model, times: int, **columns: str) -> None:
             f"SELECT gen_random_uuid(), {values} FROM {table}, generate_series(1, {int(times)}) AS i"
         )
         cursor.execute(f"ANALYZE {table}")
+
+
+def race(*calls: Callable[[], Any], timeout: float = 60) -> list[Any]:
+    """Run the calls at once, each on its own thread and database connection, and return what
+    each returned, in order; fail with what any raised."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+    failures: list[BaseException] = []
+
+    def run(index: int, call: Callable[[], Any]) -> None:
+        try:
+            barrier.wait()
+            results[index] = call()
+        except BaseException as exc:  # handed to the test thread
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not failures, failures
+    assert not any(thread.is_alive() for thread in threads), "a racing call did not finish"
+    return results

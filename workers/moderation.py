@@ -33,3 +33,15 @@ def grant_moderators(group_model, permission_model):
         wanted |= Q(content_type__app_label=app, codename=codename)
     group.permissions.set(permission_model.objects.filter(wanted))
     return group
+
+
+def regrant_moderators(apps) -> None:
+    """`grant_moderators` from a data migration: permissions are normally created after all
+    migrations, and the group needs those of the migrations so far now."""
+    from django.contrib.auth.management import create_permissions
+
+    for app_config in apps.get_app_configs():
+        app_config.models_module = True
+        create_permissions(app_config, apps=apps, verbosity=0)
+        app_config.models_module = None
+    grant_moderators(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"))

@@ -12,7 +12,7 @@ from hordeops import errors
 from jobs.services import transfer_kudos
 from kudos import ledger
 from kudos.models import Event
-from tests.conftest import give_kudos
+from tests.conftest import give_kudos, race
 
 T0 = "2026-06-01 08:00:00+00:00"
 
@@ -106,29 +106,16 @@ def test_one_key_sends_one_transfer_a_second(requester, owner, make_caller, cloc
 def test_a_transfer_retried_at_once_moves_once_and_two_past_the_balance_move_one(make_caller):
     sender, receiver, other = make_caller("sender"), make_caller("receiver"), make_caller("other")
     give_kudos(sender, "85")  # 60 can be spent: one transfer of 40, not two
-    barrier = threading.Barrier(3)
-    answers: list[object] = []
 
-    def send(to, key: str) -> None:
+    def send(to, key: str) -> object:
         try:
-            barrier.wait()
-            answers.append(
-                transfer_kudos(source=sender.account, username=_alias(to), amount=40, idempotency_key=key)
-            )
+            return transfer_kudos(source=sender.account, username=_alias(to), amount=40, idempotency_key=key)
         except errors.KudosValidationError as exc:
-            answers.append(exc.code)
-        finally:
-            connections.close_all()
+            return exc.code
 
-    threads = [
-        threading.Thread(target=send, args=(receiver, "same")),
-        threading.Thread(target=send, args=(receiver, "same")),
-        threading.Thread(target=send, args=(other, "other")),
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    answers = race(
+        lambda: send(receiver, "same"), lambda: send(receiver, "same"), lambda: send(other, "other")
+    )
     assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 1, answers
     # Whichever went first: the keyed transfer (its retry answers the same) or the other.
     refused = "KudosTransferNotEnough"

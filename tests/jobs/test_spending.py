@@ -1,17 +1,15 @@
 """Spending (`jobs.spending`): a request's cost held while it is active, the horde tax paid when
 it is queued, kudos upfront for large requests, and the queue's priority by kudos."""
 
-import threading
 from decimal import Decimal
 
 import pytest
-from django.db import connections
 
 from jobs.models import Generation, TextRequest
 from jobs.services import cancel_request
 from kudos import ledger
 from kudos.models import Event
-from tests.conftest import give_kudos
+from tests.conftest import give_kudos, race
 
 # 600 tokens of a request naming no model (a 13B model's rate) at 2,048 context:
 # 600 x 13 x 3.4 / 100, and the horde tax.
@@ -98,20 +96,6 @@ def test_an_account_with_more_kudos_goes_first_among_accounts_with_as_many_runni
 def test_two_upfront_requests_at_once_against_one_balance_admit_one(make_caller):
     requester = make_caller("payer")
     give_kudos(requester, "325")
-    barrier = threading.Barrier(2)
-    answers: list[int] = []
-
-    def queue() -> None:
-        try:
-            barrier.wait()
-            answers.append(requester.request_text(**LARGE).status_code)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=queue) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    answers = race(*[lambda: requester.request_text(**LARGE).status_code] * 2)
     assert sorted(answers) == [202, 403]
     assert _balance(requester) == Decimal(324)

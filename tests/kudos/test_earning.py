@@ -1,19 +1,17 @@
 """Earning (`kudos.earning`): an accepted submit pays its worker's owner by the AI Horde's text
 rate and charges its requester the same, in the submit's own statement; nothing else earns."""
 
-import threading
 from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
-from django.db import connections
 
 from jobs.models import Generation
 from jobs.services import abort_stale_generations, cancel_request, submit_generation
 from kudos import ledger
 from kudos.ledger import to_account, to_system
 from kudos.models import Event, Posting, TextModel, Wallet
-from tests.conftest import progress
+from tests.conftest import progress, race
 
 T0 = "2026-06-01 08:00:00+00:00"
 BRIDGE = {"bridge_agent": "AI Horde Worker:1:https://example.org"}
@@ -135,7 +133,7 @@ def test_a_submit_racing_a_cancel_settles_once_or_not_at_all_without_a_deadlock(
     for _ in range(12):  # a cycle, where there is one, shows within a few rounds
         request_id = requester.request_text(models=["m1"], params={"max_length": 40}).json()["id"]
         job_id = owner.pop("racer", models=["m1"], **BRIDGE).json()["id"]
-        _race(
+        race(
             lambda job_id=job_id: submit_generation(
                 api_key=owner.api_key,
                 generation_id=job_id,
@@ -152,25 +150,3 @@ def test_a_submit_racing_a_cancel_settles_once_or_not_at_all_without_a_deadlock(
         # job, which relayed nothing, earns nothing.
         assert (state, settled) in ((Generation.State.DONE, 1), (Generation.State.CANCELLED, 0))
     call_command("check_kudos")
-
-
-def _race(*calls) -> None:
-    """Run the calls at once, each on its own thread and connection; raise what any raised."""
-    barrier = threading.Barrier(len(calls))
-    failures: list[BaseException] = []
-
-    def run(call) -> None:
-        try:
-            barrier.wait()
-            call()
-        except BaseException as exc:  # handed to the test thread
-            failures.append(exc)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not failures, failures

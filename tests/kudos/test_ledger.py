@@ -2,17 +2,17 @@
 once, the floor's forgiveness posted as minted, and balances that match their postings, under
 concurrent posting too."""
 
-import threading
 from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, connection, transaction
 
 from kudos import ledger
 from kudos.ledger import to_account, to_system
 from kudos.models import Event, Posting, Wallet
+from tests.conftest import race
 from workers.models import ANONYMOUS_API_KEY_HASH, Account
 from workers.services import create_account
 
@@ -173,24 +173,13 @@ def test_concurrent_transfers_between_overlapping_accounts_balance_without_deadl
     people = [_account(f"p{i}") for i in range(4)]
     for index, person in enumerate(people):
         _award(person, "100", f"award:{index}")
-    errors: list[BaseException] = []
 
     def move(worker: int) -> None:
-        try:
-            for n in range(25):
-                source, target = people[(worker + n) % 4], people[(worker + n + 1 + n % 2) % 4]
-                _move(source, target, "1.25", f"t:{worker}:{n}")
-        except BaseException as exc:  # handed to the test thread
-            errors.append(exc)
-        finally:
-            connections.close_all()
+        for n in range(25):
+            source, target = people[(worker + n) % 4], people[(worker + n + 1 + n % 2) % 4]
+            _move(source, target, "1.25", f"t:{worker}:{n}")
 
-    threads = [threading.Thread(target=move, args=(worker,)) for worker in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    race(*[lambda worker=worker: move(worker) for worker in range(8)])
     assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 200
     assert sum(_balance(person) for person in people) == Decimal("400.00")
     assert Posting.objects.total() == 0
@@ -202,21 +191,7 @@ def test_the_same_key_posted_at_once_by_many_threads_moves_kudos_once():
     alice, bob = _account("alice"), _account("bob")
     _award(alice, "100", "award:once")
     _award(bob, "100", "award:once-b")
-    barrier = threading.Barrier(6)
-    posted: list[bool] = []
-
-    def retry() -> None:
-        try:
-            barrier.wait()
-            posted.append(_move(alice, bob, "2", "same").posted)
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=retry) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    posted = race(*[lambda: _move(alice, bob, "2", "same").posted] * 6)
     assert sorted(posted) == [False] * 5 + [True]
     assert (_balance(alice), _balance(bob)) == (Decimal("98.00"), Decimal("102.00"))
     assert connection.vendor == "postgresql"

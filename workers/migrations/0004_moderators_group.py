@@ -1,17 +1,10 @@
 from django.db import migrations
 
-from workers.moderation import grant_moderators
+from workers.moderation import regrant_moderators
 
 
 def create_moderators(apps, schema_editor):
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after all migrations; the group needs them now.
-    for app_config in apps.get_app_configs():
-        app_config.models_module = True
-        create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
-    grant_moderators(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"))
+    regrant_moderators(apps)
 
 
 class Migration(migrations.Migration):
