@@ -73,9 +73,11 @@ def _env(root: Path) -> dict[str, str]:
     }
 
 
-def _prepare(root: Path, env: dict[str, str]) -> tuple[str, str, str]:
+def _prepare(root: Path, env: dict[str, str], requester_kudos: int = 0) -> tuple[str, str, str]:
     """A new database migrated by `root`, Redis emptied; a requester's, a worker owner's and
-    the unable requests' account's keys (its own: a requester's queueing counts its requests)."""
+    the unable requests' account's keys (its own: a requester's queueing counts its requests).
+    With `requester_kudos`, the requester is awarded them (else it spends from its floor, and
+    the floor forgives each debit: an event more each)."""
     subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", DB_NAME], check=True)
     subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", DB_NAME], check=True)
     python = str(root / ".venv" / "bin" / "python")
@@ -87,6 +89,16 @@ def _prepare(root: Path, env: dict[str, str]) -> tuple[str, str, str]:
             [python, "manage.py", "create_account", name], cwd=root, env=env, check=True, capture_output=True
         )
         keys.append(made.stdout.decode().split()[-1])
+    if requester_kudos:
+        award = (
+            "from decimal import Decimal; from kudos.awards import award_kudos; "
+            "from workers.models import Account; "
+            f"award_kudos(account_id=Account.objects.get(name='http-requester').pk, "
+            f"amount=Decimal({requester_kudos}), reason='bench', by='bench')"
+        )
+        subprocess.run(
+            [python, "manage.py", "shell", "-c", award], cwd=root, env=env, check=True, capture_output=True
+        )
     return keys[0], keys[1], keys[2]
 
 
@@ -221,7 +233,7 @@ def _phase(name: str, args, port: int, master: int, call) -> dict:
 
 def _round(args, root: Path) -> dict:
     env = _env(root)
-    requester, owner, hoarder = _prepare(root, env)
+    requester, owner, hoarder = _prepare(root, env, args.requester_kudos)
     port = free_port()
     server = _start_web(root, env, port, args.web_workers)
     try:
@@ -275,6 +287,9 @@ def main() -> None:
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--unable", type=int, default=200, help="waiting requests the worker cannot take")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--requester-kudos", type=int, default=0, help="awarded to the requester (a checkout with kudos)"
+    )
     args = parser.parse_args()
     root = args.root.resolve()
     if not shutil.which("createdb"):

@@ -118,7 +118,7 @@ class Event(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices)
     # The business event's own key (a generation's id, a request's settlement, a transfer's
     # Idempotency-Key): a retry finds the event posted and posts nothing.
-    key = models.CharField(max_length=200, unique=True)
+    key = models.CharField(max_length=200)
     reason = models.CharField(max_length=500, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     # The AI Horde's user records this event adds to, by account id (a generation's: its
@@ -129,6 +129,8 @@ class Event(models.Model):
 
     class Meta:
         permissions = [("award_kudos", "Can award kudos to an account")]
+        # A constraint, not unique=True: that adds a LIKE index no query uses, to every post.
+        constraints = [models.UniqueConstraint(fields=["key"], name="event_key_once")]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.key}"
@@ -152,7 +154,8 @@ class Posting(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     event = models.ForeignKey(Event, on_delete=models.PROTECT, related_name="postings")
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="postings")
+    # Indexed by posting_by_wallet, which leads with it.
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="postings", db_index=False)
     amount = amount_field()
 
     objects = PostingQuerySet.as_manager()
