@@ -111,6 +111,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "uncompleted_jobs",
         "maintenance",
         "maintenance_reason",
+        "maintenance_by_moderator",
         "info",
         "last_pop_at",
         "deleted_at",
@@ -124,6 +125,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "aborted_jobs",
         "aborts_window_start",
         "uncompleted_jobs",
+        "maintenance_by_moderator",
         "last_pop_at",
         "deleted_at",
     )
@@ -134,6 +136,16 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False
+
+    def save_model(self, request, obj: Worker, form, change) -> None:
+        # Maintenance set here is a moderator's, and binds as the list's action does.
+        if "maintenance" in form.changed_data:
+            obj.maintenance_by_moderator = obj.maintenance
+            if obj.maintenance and not obj.maintenance_reason:
+                obj.maintenance_reason = f"Set by {request.user}."
+            if not obj.maintenance:
+                obj.maintenance_reason, obj.aborted_jobs = "", 0
+        super().save_model(request, obj, form, change)
 
     @admin.display(description="speed (t/s)", ordering="speed")
     def speed_shown(self, worker: Worker) -> str:
@@ -183,16 +195,19 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
 
     @admin.action(description="Put the selected workers into maintenance", permissions=["change"])
     def enter_maintenance(self, request, queryset) -> None:
+        # Listed before the update: a list filtered by maintenance no longer matches them after.
+        workers = list(queryset)
         changed = services.set_maintenance(
-            workers=queryset, maintenance=True, reason=f"Set by {request.user}."
+            workers=queryset, maintenance=True, reason=f"Set by {request.user}.", by_moderator=True
         )
-        for worker in queryset:
-            self.log_change(request, worker, "Put into maintenance.")
+        for worker in workers:
+            self.log_change(request, worker, "Put into maintenance (binding: its owner cannot lift it).")
         self.message_user(request, f"{changed} worker(s) in maintenance.", messages.SUCCESS)
 
     @admin.action(description="Take the selected workers out of maintenance", permissions=["change"])
     def leave_maintenance(self, request, queryset) -> None:
+        workers = list(queryset)
         changed = services.set_maintenance(workers=queryset, maintenance=False)
-        for worker in queryset:
+        for worker in workers:
             self.log_change(request, worker, "Taken out of maintenance.")
         self.message_user(request, f"{changed} worker(s) out of maintenance.", messages.SUCCESS)

@@ -149,6 +149,8 @@ class Worker(models.Model):
     uncompleted_jobs = models.PositiveIntegerField(default=0, db_default=0)
     maintenance = models.BooleanField(default=False, db_default=False)
     maintenance_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # Set by a moderator: binding, only a moderator lifts it (the owner's PUT is refused).
+    maintenance_by_moderator = models.BooleanField(default=False, db_default=False)
     # Deleted by its owner or a moderator: hidden everywhere but the admin, offline, its name
     # free; the row stays for its generations' history and the jobs it still holds.
     deleted_at = models.DateTimeField(null=True, blank=True)

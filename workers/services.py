@@ -118,12 +118,19 @@ def set_trust(*, accounts, trusted: bool) -> int:
     return accounts.exclude(trusted=trusted).update(trusted=trusted)
 
 
-def set_maintenance(*, workers, maintenance: bool, reason: str = "") -> int:
-    """Put workers into maintenance (they then serve only their owner) or take them out."""
+def set_maintenance(*, workers, maintenance: bool, reason: str = "", by_moderator: bool = False) -> int:
+    """Put workers into maintenance (they then serve only their owner) or take them out. A
+    moderator's maintenance binds: its owner cannot lift it (`modify_worker`)."""
     if maintenance:
-        return workers.update(maintenance=True, maintenance_reason=reason or "Set by a moderator.")
+        return workers.update(
+            maintenance=True,
+            maintenance_reason=reason or "Set by a moderator.",
+            maintenance_by_moderator=by_moderator,
+        )
     # Leaving maintenance starts the abort window afresh, as the AI Horde's reset does.
-    return workers.update(maintenance=False, maintenance_reason="", aborted_jobs=0)
+    return workers.update(
+        maintenance=False, maintenance_reason="", maintenance_by_moderator=False, aborted_jobs=0
+    )
 
 
 def count_aborts(*, counts: Counter[UUID], now: datetime) -> list[str]:
@@ -177,9 +184,14 @@ def modify_worker(
         if maintenance is not None:
             if not may:
                 raise errors.NotOwner()
-            by_owner = caller.pk == worker.account_id
+            if worker.maintenance_by_moderator and not caller.moderator:
+                raise errors.NotModerator(
+                    f"A moderator put this worker into maintenance ({worker.maintenance_reason}): "
+                    "only a moderator can change it."
+                )
+            by_owner = caller.pk == worker.account_id and not caller.moderator
             reason = maintenance_msg or (errors.WorkerMaintenance.default_message if by_owner else "")
-            set_maintenance(workers=this, maintenance=maintenance, reason=reason)
+            set_maintenance(workers=this, maintenance=maintenance, reason=reason, by_moderator=not by_owner)
             changed["maintenance"] = maintenance
         if info is not None:
             if not may:

@@ -77,6 +77,30 @@ def test_maintenance_actions_enter_and_leave_with_a_reason_and_a_log(moderator, 
     assert LogEntry.objects.filter(object_id=str(worker.pk)).count() == 2
 
 
+def test_maintenance_from_a_list_filtered_by_maintenance_is_logged_and_binds(moderator, owner):
+    owner.pop("w1")
+    owner.pop("w2")
+    workers = list(Worker.objects.filter(name__in=["w1", "w2"]))
+    selected = [worker.pk for worker in workers]
+    moderator.post(
+        "/admin/workers/worker/?maintenance__exact=0",
+        {"action": "enter_maintenance", "_selected_action": selected},
+    )
+    moderator.post(
+        "/admin/workers/worker/?maintenance__exact=1",
+        {"action": "leave_maintenance", "_selected_action": selected},
+    )
+    moderator.post(
+        "/admin/workers/worker/?maintenance__exact=0",
+        {"action": "enter_maintenance", "_selected_action": selected},
+    )
+    for worker in workers:
+        assert LogEntry.objects.filter(object_id=str(worker.pk)).count() == 3
+    path = f"/api/v2/workers/{workers[0].pk}"
+    lifted = owner.client.put(path, {"maintenance": False}, format="json", HTTP_APIKEY=owner.api_key)
+    assert (lifted.status_code, lifted.json()["rc"]) == (403, "NotModerator")
+
+
 def test_the_worker_list_shows_unmeasured_speed_and_capacity(moderator, owner):
     owner.pop("fresh", chat=True)
     html = moderator.get("/admin/workers/worker/").content.decode()

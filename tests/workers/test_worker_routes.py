@@ -103,6 +103,37 @@ def test_only_the_owner_or_a_moderator_may_change_a_worker(requester, owner, mak
     assert (worker.maintenance, worker.maintenance_reason) == (True, "Checking your outputs.")
 
 
+def test_a_moderators_maintenance_binds_the_owner_until_a_moderator_lifts_it(owner, make_caller):
+    owner.pop("bound", models=["m1"])
+    worker = Worker.objects.get(name="bound")
+    path = f"/api/v2/workers/{worker.id}"
+    moderator = make_caller("binding-moderator")
+    Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
+    body = {"maintenance": True, "maintenance_msg": "Faked its model."}
+    assert moderator.client.put(path, body, format="json", HTTP_APIKEY=moderator.api_key).status_code == 200
+    Worker.objects.filter(pk=worker.pk).update(aborted_jobs=7)
+
+    lifted = owner.client.put(path, {"maintenance": False}, format="json", HTTP_APIKEY=owner.api_key)
+    assert (lifted.status_code, lifted.json()["rc"]) == (403, "NotModerator")
+    assert "Faked its model." in lifted.json()["message"]
+    refused = owner.pop("bound", models=["m1"])
+    assert (refused.status_code, refused.json()["message"]) == (403, "Faked its model.")
+    worker.refresh_from_db()
+    assert (worker.maintenance, worker.maintenance_by_moderator, worker.aborted_jobs) == (True, True, 7)
+
+    back = moderator.client.put(path, {"maintenance": False}, format="json", HTTP_APIKEY=moderator.api_key)
+    assert back.status_code == 200
+    assert (
+        owner.client.put(path, {"maintenance": True}, format="json", HTTP_APIKEY=owner.api_key).status_code
+        == 200
+    )
+    # The owner's own maintenance is the owner's to lift.
+    assert (
+        owner.client.put(path, {"maintenance": False}, format="json", HTTP_APIKEY=owner.api_key).status_code
+        == 200
+    )
+
+
 def test_a_worker_takes_a_note_and_a_free_name_and_refuses_what_hordeops_does_not_have(owner, make_caller):
     owner.pop("noted", models=["m1"])
     make_caller("other-owner").pop("taken-name")
