@@ -310,6 +310,15 @@ class NotOwner(DomainError):
     default_message = "Only the worker's owner or a moderator may change this."
 
 
+class AccountSuspended(DomainError):
+    code = "AccountSuspended"
+    status = 403
+    default_message = "This account has been suspended by a moderator."
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(f"This account has been suspended by a moderator: {reason}" if reason else None)
+
+
 class NotModerator(DomainError):
     code = "NotModerator"
     status = 403

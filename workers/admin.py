@@ -19,21 +19,70 @@ class ModeratedFieldsMixin:
         return tuple(f for f in self.fields if f not in self.moderated_fields)
 
 
+class SuspendedFilter(admin.SimpleListFilter):
+    title = "suspended"
+    parameter_name = "suspended"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "Suspended"), ("no", "Not suspended"))
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(suspended_at__isnull=self.value() == "no")
+        return queryset
+
+
 @admin.register(Account)
 class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
-    list_display = ("name", "trusted", "deadline_limit_ms", "waiting_requests_bound", "created_at")
+    list_display = (
+        "name",
+        "trusted",
+        "suspended",
+        "deadline_limit_ms",
+        "waiting_requests_bound",
+        "created_at",
+    )
     list_editable = ("trusted",)
-    list_filter = ("trusted",)
+    list_filter = ("trusted", SuspendedFilter)
     search_fields = ("name",)
     # `moderator` (the key may change any worker through the horde API) is a superuser's to give.
-    fields = ("name", "trusted", "moderator", "deadline_limit_ms", "max_waiting_requests", "created_at")
-    readonly_fields = ("created_at",)
-    moderated_fields = ("trusted", "deadline_limit_ms", "max_waiting_requests")
-    actions = ("trust", "untrust")
+    fields = (
+        "name",
+        "trusted",
+        "moderator",
+        "deadline_limit_ms",
+        "max_waiting_requests",
+        "suspension_reason",
+        "suspended_at",
+        "created_at",
+    )
+    readonly_fields = ("suspended_at", "created_at")
+    moderated_fields = ("trusted", "deadline_limit_ms", "max_waiting_requests", "suspension_reason")
+    actions = ("trust", "untrust", "suspend", "lift_suspension", "reset_key")
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:
         return request.user.is_superuser
+
+    @admin.display(description="suspended", boolean=True, ordering="suspended_at")
+    def suspended(self, account: Account) -> bool:
+        return account.suspended_at is not None
+
+    def save_model(self, request, obj: Account, form, change) -> None:
+        # A reason written here suspends the account (its key refused, its requests cancelled:
+        # `services.suspend_accounts`); emptied, the suspension is lifted. Logged with it.
+        reason = obj.suspension_reason
+        suspending = "suspension_reason" in form.changed_data and reason and obj.suspended_at is None
+        if suspending:
+            obj.suspension_reason = ""  # written by the suspension itself
+        elif not reason:
+            obj.suspended_at = None
+        super().save_model(request, obj, form, change)
+        if suspending:
+            services.suspend_accounts(
+                accounts=Account.objects.filter(pk=obj.pk), reason=reason, now=timezone.now()
+            )
+            obj.refresh_from_db()
 
     @admin.display(description="Max waiting requests", ordering="max_waiting_requests")
     def waiting_requests_bound(self, account: Account) -> str:
@@ -57,6 +106,38 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     @admin.action(description="Untrust the selected accounts", permissions=["change"])
     def untrust(self, request, queryset) -> None:
         self._set_trust(request, queryset, False)
+
+    @admin.action(
+        description="Suspend the selected accounts (keys refused, open requests cancelled)",
+        permissions=["change"],
+    )
+    def suspend(self, request, queryset) -> None:
+        reason = f"Suspended by {request.user}."
+        suspended = services.suspend_accounts(accounts=queryset, reason=reason, now=timezone.now())
+        for account in suspended:
+            self.log_change(request, account, f"Suspended: {reason} Its open requests were cancelled.")
+        self.message_user(
+            request,
+            f"Suspended {len(suspended)} account(s). Write a reason on each account's page: "
+            "its owner is shown it.",
+            messages.SUCCESS,
+        )
+
+    @admin.action(description="Lift the selected accounts' suspension", permissions=["change"])
+    def lift_suspension(self, request, queryset) -> None:
+        lifting = list(queryset.exclude(suspended_at=None))
+        services.lift_suspensions(accounts=queryset)
+        for account in lifting:
+            self.log_change(request, account, "Suspension lifted.")
+        self.message_user(request, f"Lifted {len(lifting)} suspension(s).", messages.SUCCESS)
+
+    @admin.action(description="Reset the selected accounts' API keys", permissions=["change"])
+    def reset_key(self, request, queryset) -> None:
+        for account in list(queryset):
+            api_key = services.reset_api_key(account=account)
+            self.log_change(request, account, "API key reset: the old key no longer works.")
+            # Shown once, here: only the hash is stored. Give it to the owner privately.
+            self.message_user(request, f"New API key of {account.name}: {api_key}", messages.WARNING)
 
 
 class CapacityFilter(admin.SimpleListFilter):

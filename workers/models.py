@@ -51,6 +51,9 @@ class Account(models.Model):
         help_text="Waiting or running requests this account may have at once; empty: the horde's default.",
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # Suspended by a moderator: its key is refused everywhere, with this reason.
+    suspended_at = models.DateTimeField(null=True, blank=True)
+    suspension_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ("name",)

@@ -49,7 +49,42 @@ def authenticate(*, api_key: str | None) -> Account:
     account = fetch_instance(Account, sql.account_for_api_key(), [hash_api_key(required_api_key(api_key))])
     if account is None:
         raise errors.InvalidAPIKey()
+    refuse_suspended(account)
     return account
+
+
+def refuse_suspended(account: Account) -> None:
+    """A suspended account's key works nowhere: the refusal names the moderator's reason."""
+    if account.suspended_at is not None:
+        raise errors.AccountSuspended(account.suspension_reason)
+
+
+def suspend_accounts(*, accounts, reason: str, now: datetime) -> list[Account]:
+    """Suspend the accounts not yet suspended: their keys are refused from now on, and
+    `moderation.account_suspended` is sent for each (the jobs app cancels their open requests).
+    Returns those suspended now."""
+    with transaction.atomic():
+        suspended = list(accounts.select_for_update().filter(suspended_at__isnull=True))
+        Account.objects.filter(pk__in=[a.pk for a in suspended]).update(
+            suspended_at=now, suspension_reason=reason[:500]
+        )
+    from workers.moderation import account_suspended
+
+    for account in suspended:
+        account_suspended.send(sender=Account, account=account, now=now)
+    return suspended
+
+
+def lift_suspensions(*, accounts) -> int:
+    return accounts.exclude(suspended_at=None).update(suspended_at=None, suspension_reason="")
+
+
+def reset_api_key(*, account: Account) -> str:
+    """Give the account a new key (the old one stops working at once) and return it: it is
+    shown once, stored only hashed."""
+    api_key = new_api_key()
+    Account.objects.filter(pk=account.pk).update(api_key_hash=hash_api_key(api_key))
+    return api_key
 
 
 def required_api_key(api_key: str | None) -> str:
@@ -104,6 +139,7 @@ def check_in_worker(
     if found is None:
         raise errors.InvalidAPIKey()
     account, worker = found
+    refuse_suspended(account)
     if account.is_anonymous:
         raise errors.AnonForbiddenWorker()
     # No worker: another account created the name in the same instant.

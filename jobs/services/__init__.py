@@ -11,7 +11,13 @@ unless given. One module per thing the flow does:
 - `transfers`: kudos sent from one account to another
 """
 
-from jobs.services.endings import cancel_deferred, cancel_request, current_request, defer_cancellations
+from jobs.services.endings import (
+    cancel_account_requests,
+    cancel_deferred,
+    cancel_request,
+    current_request,
+    defer_cancellations,
+)
 from jobs.services.pop import EmptyPop, PoppedJob, pop_generation, pop_params
 from jobs.services.progress import ProgressResult, record_progress
 from jobs.services.requests import (
@@ -34,6 +40,7 @@ __all__ = [
     "StalePassResult",
     "abort_stale_generations",
     "cancel_deferred",
+    "cancel_account_requests",
     "cancel_request",
     "current_request",
     "defer_cancellations",

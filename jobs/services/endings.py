@@ -25,6 +25,22 @@ from workers.models import Worker
 logger = logging.getLogger(__name__)
 
 
+def cancel_account_requests(*, account_id: int, now: datetime | None = None) -> int:
+    """Cancel every open request of the account (a suspension's), each as its requester's
+    cancellation would; return how many were cancelled."""
+    now = now or clock.now()
+    open_ids = list(
+        TextRequest.objects.filter(account_id=account_id, state=TextRequest.State.ACTIVE).values_list(
+            "pk", flat=True
+        )
+    )
+    cancelled = 0
+    for request_id in open_ids:
+        if cancel_request(request_id=request_id, now=now).state == TextRequest.State.CANCELLED:
+            cancelled += 1
+    return cancelled
+
+
 def cancel_request(
     *, request_id: UUID, reason: Ending = Ending.CANCELLED, now: datetime | None = None
 ) -> TextRequest:

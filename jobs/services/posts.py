@@ -11,7 +11,7 @@ from jobs import sql
 from jobs.models import Ending, Generation, TextRequest
 from jobs.services.endings import cancel_request
 from workers.models import Account, hash_api_key
-from workers.services import required_api_key
+from workers.services import refuse_suspended, required_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def worker_post(*, generation_id: UUID, api_key: str) -> WorkerPost | None:
     if found is None:
         return None
     caller, generation, worker, request = found
+    refuse_suspended(caller)
     if generation is not None:
         generation.worker, generation.request = worker, request
     return WorkerPost(caller=caller, generation=generation)

@@ -22,7 +22,7 @@ from workers.models import Account, Worker
 # The caller's account, the generation, its worker and its request, each with the fields the
 # posts read (None: all of them); the rest load on access.
 WORKER_POST_PARTS = (
-    (Account, ("id", "api_key_hash", "trusted")),
+    (Account, ("id", "api_key_hash", "trusted", "suspended_at", "suspension_reason")),
     (Generation, None),
     (Worker, ("account", "chat", "bridge_agent")),
     (TextRequest, ("kind", "state", "max_length", "deadline_at", "followed", "account", "prompt_tokens")),
