@@ -171,7 +171,13 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "aborts_last_hour",
         "agent",
     )
-    list_filter = ("maintenance", "chat", CapacityFilter, ("deleted_at", admin.EmptyFieldListFilter))
+    list_filter = (
+        "maintenance",
+        "paused",
+        "chat",
+        CapacityFilter,
+        ("deleted_at", admin.EmptyFieldListFilter),
+    )
     list_select_related = ("account",)
     search_fields = ("name",)
     fields = (
@@ -193,6 +199,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "maintenance",
         "maintenance_reason",
         "maintenance_by_moderator",
+        "paused",
         "info",
         "last_pop_at",
         "deleted_at",
@@ -210,9 +217,9 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "last_pop_at",
         "deleted_at",
     )
-    moderated_fields = ("maintenance", "maintenance_reason")
+    moderated_fields = ("maintenance", "maintenance_reason", "paused")
     raw_id_fields = ("account",)
-    actions = ("enter_maintenance", "leave_maintenance")
+    actions = ("enter_maintenance", "leave_maintenance", "pause", "unpause")
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:
@@ -292,3 +299,19 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         for worker in workers:
             self.log_change(request, worker, "Taken out of maintenance.")
         self.message_user(request, f"{changed} worker(s) out of maintenance.", messages.SUCCESS)
+
+    def _set_paused(self, request, queryset, paused: bool) -> None:
+        workers = list(queryset.exclude(paused=paused))
+        services.set_paused(workers=Worker.objects.filter(pk__in=[w.pk for w in workers]), paused=paused)
+        word = "Paused (offered no jobs until a moderator unpauses it)." if paused else "Unpaused."
+        for worker in workers:
+            self.log_change(request, worker, word)
+        self.message_user(request, f"{word.split(' ')[0]} {len(workers)} worker(s).", messages.SUCCESS)
+
+    @admin.action(description="Pause the selected workers (offered no jobs)", permissions=["change"])
+    def pause(self, request, queryset) -> None:
+        self._set_paused(request, queryset, True)
+
+    @admin.action(description="Unpause the selected workers", permissions=["change"])
+    def unpause(self, request, queryset) -> None:
+        self._set_paused(request, queryset, False)

@@ -52,12 +52,13 @@ def worker_details(worker: Worker, *, now: datetime, privileged: bool) -> dict[s
         "tokens_generated": worker.tokens_generated,
     }
     if privileged:
-        details.update(privileged_details(account))
+        details.update(privileged_details(account), paused=worker.paused)
     return details
 
 
 def privileged_details(account: Account) -> dict[str, Any]:
-    """What a worker's owner and the moderators see besides the public details."""
+    """What a worker's owner and the moderators see besides the public details (and the
+    worker's own `paused`)."""
     return {"owner": unique_alias(account), "messages": [], "paused": False, "suspicious": 0}
 
 
@@ -67,11 +68,12 @@ ONLINE_LIST_SECONDS = 2
 ONLINE_LIST_KEY = "hordeops:online-workers"
 
 
-def online_workers(*, now: datetime) -> list[tuple[int, dict[str, Any]]]:
-    """(account id, public details) of every online worker, by name; cached ONLINE_LIST_SECONDS."""
+def online_workers(*, now: datetime) -> list[tuple[int, dict[str, Any], bool]]:
+    """(account id, public details, paused) of every online worker, by name; cached
+    ONLINE_LIST_SECONDS."""
     listed = cache.get(ONLINE_LIST_KEY)
     if listed is None:
         workers = Worker.objects.online(now).select_related("account").order_by("name")
-        listed = [(w.account_id, worker_details(w, now=now, privileged=False)) for w in workers]
+        listed = [(w.account_id, worker_details(w, now=now, privileged=False), w.paused) for w in workers]
         cache.set(ONLINE_LIST_KEY, listed, ONLINE_LIST_SECONDS)
     return listed

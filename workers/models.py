@@ -154,6 +154,9 @@ class Worker(models.Model):
     maintenance_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
     # Set by a moderator: binding, only a moderator lifts it (the owner's PUT is refused).
     maintenance_by_moderator = models.BooleanField(default=False, db_default=False)
+    # Paused by a moderator: it keeps popping and is offered nothing (the AI Horde hands a
+    # paused worker fake jobs instead); only a moderator unpauses it.
+    paused = models.BooleanField(default=False, db_default=False)
     # Deleted by its owner or a moderator: hidden everywhere but the admin, offline, its name
     # free; the row stays for its generations' history and the jobs it still holds.
     deleted_at = models.DateTimeField(null=True, blank=True)

@@ -169,6 +169,11 @@ def set_maintenance(*, workers, maintenance: bool, reason: str = "", by_moderato
     )
 
 
+def set_paused(*, workers, paused: bool) -> int:
+    """Pause workers (offered no jobs, though they pop on) or unpause them: a moderator's."""
+    return workers.update(paused=paused)
+
+
 def count_aborts(*, counts: Counter[UUID], now: datetime) -> list[str]:
     """Count aborts (per worker id) in each worker's one-hour window; past
     WORKER_ABORT_MAINTENANCE_THRESHOLD the worker goes into maintenance. Returns the names of
@@ -202,7 +207,7 @@ def modify_worker(
     team: str | None = None,
 ) -> dict[str, Any]:
     """PUT /api/v2/workers/{id}, as the AI Horde rules it: the owner or a moderator may set
-    maintenance, the info note and the name; return what changed."""
+    maintenance, the info note and the name, a moderator alone `paused`; return what changed."""
     caller = authenticate(api_key=api_key)
     with transaction.atomic():
         worker = Worker.objects.live().select_for_update().filter(pk=worker_id).first()
@@ -210,13 +215,14 @@ def modify_worker(
             raise errors.WorkerNotFound()
         this = Worker.objects.filter(pk=worker.pk)
         may = caller.moderator or caller.pk == worker.account_id
+        changed: dict[str, Any] = {}
         if paused is not None:
             if not caller.moderator:
                 raise errors.NotModerator()
-            raise errors.BadRequest("hordeops does not pause workers: set maintenance instead.")
+            set_paused(workers=this, paused=paused)
+            changed["paused"] = paused
         if team is not None:
             raise errors.BadRequest("hordeops has no teams.")
-        changed: dict[str, Any] = {}
         if maintenance is not None:
             if not may:
                 raise errors.NotOwner()

@@ -84,8 +84,10 @@ class WorkersView(APIView):
         own = privileged_details(viewer) if viewer is not None else {}
         return Response(
             [
-                {**details, **own} if viewer is not None and account_id == viewer.pk else details
-                for account_id, details in online_workers(now=now)
+                {**details, **own, "paused": paused}
+                if viewer is not None and account_id == viewer.pk
+                else details
+                for account_id, details, paused in online_workers(now=now)
                 if name is None or details["name"] == name
             ]
         )

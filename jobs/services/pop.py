@@ -129,6 +129,8 @@ def pop_generation(
         bridge_agent=bridge_agent,
         now=now,
     )
+    if worker.paused:
+        return EmptyPop(skipped={})  # a moderator paused it: offered nothing, no claim tried
     trusted = worker.account.trusted
     cap = leases.cap_seconds(trusted=trusted)
     if worker.capacity_limited:

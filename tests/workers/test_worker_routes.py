@@ -134,6 +134,31 @@ def test_a_moderators_maintenance_binds_the_owner_until_a_moderator_lifts_it(own
     )
 
 
+def test_a_worker_a_moderator_paused_is_offered_nothing_until_a_moderator_unpauses_it(
+    requester, owner, make_caller
+):
+    owner.pop("paused-one", models=["m1"])
+    worker = Worker.objects.get(name="paused-one")
+    path = f"/api/v2/workers/{worker.id}"
+    moderator = make_caller("pausing-moderator")
+    Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
+    paused = moderator.client.put(path, {"paused": True}, format="json", HTTP_APIKEY=moderator.api_key)
+    assert paused.json() == {"paused": True}
+    requester.request_text(models=["m1"])
+
+    empty = owner.pop("paused-one", models=["m1"])
+    assert (empty.status_code, empty.json()["id"], empty.json()["skipped"]) == (200, None, {})
+    seen = owner.client.get(f"/api/v2/workers/{worker.id}", HTTP_APIKEY=owner.api_key).json()
+    assert seen["paused"] is True
+    own = owner.client.get("/api/v2/workers?type=text", HTTP_APIKEY=owner.api_key).json()
+    assert [w["paused"] for w in own if w["name"] == "paused-one"] == [True]
+    unpaused = owner.client.put(path, {"paused": False}, format="json", HTTP_APIKEY=owner.api_key)
+    assert (unpaused.status_code, unpaused.json()["rc"]) == (403, "NotModerator")
+
+    moderator.client.put(path, {"paused": False}, format="json", HTTP_APIKEY=moderator.api_key)
+    assert owner.pop("paused-one", models=["m1"]).json()["id"] is not None
+
+
 def test_a_worker_takes_a_note_and_a_free_name_and_refuses_what_hordeops_does_not_have(owner, make_caller):
     owner.pop("noted", models=["m1"])
     make_caller("other-owner").pop("taken-name")
