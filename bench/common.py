@@ -24,7 +24,8 @@ def database_url(name: str) -> str:
 
 def bench_env(database: str, redis_db: int, **settings: str) -> dict[str, str]:
     """The environment of a bench's servers (and of its own process, once applied): its own
-    database and Redis database, warnings only, and any settings it overrides."""
+    database and Redis database, warnings only, and any settings it overrides. A bench's
+    fleets run many workers per account: the per-account worker limits are lifted."""
     return {
         **os.environ,
         "DATABASE_URL": database_url(database),
@@ -32,6 +33,8 @@ def bench_env(database: str, redis_db: int, **settings: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "hordeops.settings",
         "LOG_LEVEL": "WARNING",
         "ALLOWED_HOSTS": os.environ.get("ALLOWED_HOSTS") or "127.0.0.1,localhost",
+        "WORKER_LIMIT_UNTRUSTED": "100000",
+        "WORKER_LIMIT_TRUSTED": "100000",
         **settings,
     }
 

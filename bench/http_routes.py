@@ -69,6 +69,7 @@ def _env(root: Path) -> dict[str, str]:
         "KEY_RATE_PER_SECOND": "0",
         "ADDRESS_RATE_PER_SECOND": "0",
         "ACCOUNT_MAX_WAITING_REQUESTS": "10000000",
+        "WORKER_LIMIT_UNTRUSTED": "100000",
         "PYTHONPATH": str(root),
     }
 

@@ -310,6 +310,18 @@ class NotOwner(DomainError):
     default_message = "Only the worker's owner or a moderator may change this."
 
 
+class TooManyWorkers(DomainError):
+    code = "TooManyWorkers"
+    status = 403
+    default_message = "This account runs as many workers as it may."
+
+    def __init__(self, allowed: int) -> None:
+        super().__init__(
+            f"To avoid abuse, this account may run up to {allowed} distinct workers: "
+            "delete one, or ask a moderator to raise the limit."
+        )
+
+
 class AccountSuspended(DomainError):
     code = "AccountSuspended"
     status = 403

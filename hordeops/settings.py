@@ -110,6 +110,9 @@ GENERATION_DEADLINE_MAX_MS = env_deadline_max_ms("GENERATION_DEADLINE_MAX_MS", 3
 GENERATION_DEADLINE_ROUTE_LIMITS_MS = env_route_limits("GENERATION_DEADLINE_ROUTE_LIMITS_MS")
 INTERNAL_HOP_SECRET = env_str("INTERNAL_HOP_SECRET", "")
 ACCOUNT_MAX_WAITING_REQUESTS = env_int("ACCOUNT_MAX_WAITING_REQUESTS", 30)
+# Workers one account may run (the AI Horde's limits); a moderator's value on the account wins.
+WORKER_LIMIT_UNTRUSTED = env_int("WORKER_LIMIT_UNTRUSTED", 3)
+WORKER_LIMIT_TRUSTED = env_int("WORKER_LIMIT_TRUSTED", 20)
 ANONYMOUS_MAX_WAITING_REQUESTS = env_int("ANONYMOUS_MAX_WAITING_REQUESTS", 10)
 # Token buckets of every route but the worker routes, the heartbeat and /metrics
 # (hordeops/ratelimit.py): per API key and per client address, each refilling at its rate per

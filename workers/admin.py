@@ -52,12 +52,19 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "moderator",
         "deadline_limit_ms",
         "max_waiting_requests",
+        "worker_limit",
         "suspension_reason",
         "suspended_at",
         "created_at",
     )
     readonly_fields = ("suspended_at", "created_at")
-    moderated_fields = ("trusted", "deadline_limit_ms", "max_waiting_requests", "suspension_reason")
+    moderated_fields = (
+        "trusted",
+        "deadline_limit_ms",
+        "max_waiting_requests",
+        "worker_limit",
+        "suspension_reason",
+    )
     actions = ("trust", "untrust", "suspend", "lift_suspension", "reset_key")
     show_full_result_count = False
 

@@ -51,6 +51,11 @@ class Account(models.Model):
         help_text="Waiting or running requests this account may have at once; empty: the horde's default.",
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # Set by moderators: how many workers this account may run; empty: WORKER_LIMIT_TRUSTED if
+    # trusted, else WORKER_LIMIT_UNTRUSTED (the AI Horde's 20 and 3).
+    worker_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Workers this account may run; empty: 3, or 20 if trusted."
+    )
     # Suspended by a moderator: its key is refused everywhere, with this reason.
     suspended_at = models.DateTimeField(null=True, blank=True)
     suspension_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
@@ -60,6 +65,13 @@ class Account(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def workers_allowed(self) -> int:
+        """How many workers the account may run: its own limit, else the horde's."""
+        if self.worker_limit is not None:
+            return self.worker_limit
+        return settings.WORKER_LIMIT_TRUSTED if self.trusted else settings.WORKER_LIMIT_UNTRUSTED
 
     @property
     def is_anonymous(self) -> bool:

@@ -132,6 +132,8 @@ def check_in_worker(
             "bridge_agent": bridge_agent,
             "now": now,
             "fresh_since": check_in_fresh_since(now),
+            "worker_limit_trusted": settings.WORKER_LIMIT_TRUSTED,
+            "worker_limit_untrusted": settings.WORKER_LIMIT_UNTRUSTED,
         },
         (Account, None),
         (Worker, None),
@@ -142,7 +144,10 @@ def check_in_worker(
     refuse_suspended(account)
     if account.is_anonymous:
         raise errors.AnonForbiddenWorker()
-    # No worker: another account created the name in the same instant.
+    # No worker: a new name past the account's limit, or another account created the name in
+    # the same instant.
+    if worker is None and Worker.objects.live().filter(account=account).count() >= account.workers_allowed:
+        raise errors.TooManyWorkers(account.workers_allowed)
     if worker is None or worker.account_id != account.id:
         raise errors.WrongCredentials("This worker name is owned by another account.")
     worker.account = account

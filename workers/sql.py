@@ -25,13 +25,21 @@ _DECLARED_NOW = (
 )
 
 
+# The workers the caller may run (`Account.workers_allowed`): a new name is refused past it.
+_WORKERS_ALLOWED = (
+    "COALESCE(caller.worker_limit, CASE WHEN caller.trusted THEN %(worker_limit_trusted)s "
+    "ELSE %(worker_limit_untrusted)s END)"
+)
+
+
 @cache
 def check_in() -> str:
     """Authenticate a pop's key and find, create or update the worker it names.
 
     `caller` is the key's account (no row: an unknown key, so no row at all); `current` the
     worker row as it stands; `written` the upsert, tried unless the caller is anonymous or the
-    row is the caller's, its last pop fresh and its declarations unchanged. An upsert on
+    row is the caller's, its last pop fresh and its declarations unchanged; a new name only
+    while the caller runs fewer workers than it may (`Account.workers_allowed`). An upsert on
     another account's name writes nothing (its WHERE), and the row returned is then that
     account's. Authenticating here saves the pop a round trip of its own. Columns left out of
     the INSERT take their database defaults (the models' `db_default`).
@@ -48,7 +56,12 @@ def check_in() -> str:
         INSERT INTO {worker} (id, name, account_id, {", ".join(DECLARED)}, created_at, last_pop_at)
         SELECT gen_random_uuid(), %(name)s, caller.id, {_DECLARED_NOW}, %(now)s, %(now)s
         FROM caller
-        WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}' AND NOT EXISTS (
+        WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}'
+          AND (EXISTS (SELECT FROM current) OR (
+              SELECT count(*) FROM {worker} AS mine
+              WHERE mine.account_id = caller.id AND mine.deleted_at IS NULL
+          ) < {_WORKERS_ALLOWED})
+          AND NOT EXISTS (
             SELECT FROM current AS c
             WHERE c.account_id = caller.id
               AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s

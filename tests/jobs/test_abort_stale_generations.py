@@ -9,7 +9,7 @@ from django.utils import timezone
 from hordeops import metrics
 from jobs.models import Generation, TextRequest
 from jobs.services import abort_stale_generations
-from workers.models import Worker
+from workers.models import Account, Worker
 
 T0 = "2026-03-01 12:00:00+00:00"
 
@@ -179,6 +179,7 @@ def test_a_request_past_its_lifetime_expires_and_its_generation_is_cancelled(
 def test_the_pass_aborts_many_generations_in_a_fixed_number_of_queries(
     requester, owner, clock, django_assert_num_queries
 ):
+    Account.objects.filter(pk=owner.account.pk).update(worker_limit=31)  # 31 workers
     owner.pop("w")
     for _ in range(30):
         requester.request_text(models=["m1"])

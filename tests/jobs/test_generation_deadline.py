@@ -772,6 +772,7 @@ def test_a_deadline_spent_mid_stream_ends_responses_and_messages_streams_with_th
     local_server, accounts, worker
 ):
     requester, owner = accounts
+    Account.objects.filter(pk=owner.account.pk).update(worker_limit=4)  # past the untrusted 3
     workers = [worker] + [
         ChatWorker(local_server, owner.api_key, name=f"deadline-{n}", model=MODEL) for n in (2, 3, 4)
     ]

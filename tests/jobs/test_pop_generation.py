@@ -14,7 +14,7 @@ from jobs.models import Generation, TextRequest
 from jobs.services import EmptyPop, pop, pop_generation
 from jobs.services.pop import RecentSkips
 from tests.conftest import give_kudos, multiply_rows
-from workers.models import Worker
+from workers.models import Account, Worker
 
 POP = {
     "models": ["m1"],
@@ -265,6 +265,7 @@ def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_c
     settings.ACCOUNT_MAX_WAITING_REQUESTS = 100
     requester = make_caller("requester")
     owner = make_caller("owner")
+    Account.objects.filter(pk=owner.account.pk).update(worker_limit=21)  # 20 poppers and the warm-up
     owner.pop("warmup")
     for i in range(100):
         requester.request_text(f"prompt {i}")

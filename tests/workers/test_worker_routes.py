@@ -249,3 +249,28 @@ def test_only_the_owner_or_a_moderator_may_delete_a_worker(requester, owner, mak
     assert moderator.client.delete(path, HTTP_APIKEY=moderator.api_key).status_code == 200
     assert Worker.objects.get(pk=worker.pk).deleted_at is not None
     assert requester.client.delete("/api/v2/workers/not-a-uuid", HTTP_APIKEY=owner.api_key).status_code == 404
+
+
+def test_an_untrusted_account_runs_three_workers_a_trusted_one_twenty_and_a_moderator_sets_more(
+    owner, trusted_owner
+):
+    for n in range(3):
+        assert owner.pop(f"mine-{n}").status_code == 200
+    fourth = owner.pop("mine-3")
+    assert (fourth.status_code, fourth.json()["rc"]) == (403, "TooManyWorkers")
+    assert "up to 3 distinct workers" in fourth.json()["message"]
+    assert owner.pop("mine-0").status_code == 200  # the ones it runs pop on
+
+    for n in range(20):
+        assert trusted_owner.pop(f"trusted-{n}").status_code == 200
+    assert trusted_owner.pop("trusted-20").json()["rc"] == "TooManyWorkers"
+
+    Account.objects.filter(pk=owner.account.pk).update(worker_limit=4)
+    assert owner.pop("mine-3").status_code == 200
+    # A deleted worker frees its place.
+    deleted = Worker.objects.get(name="mine-3")
+    owner.client.delete(f"/api/v2/workers/{deleted.id}", HTTP_APIKEY=owner.api_key)
+    Account.objects.filter(pk=owner.account.pk).update(worker_limit=None)
+    assert owner.pop("mine-4").json()["rc"] == "TooManyWorkers"
+    owner.client.delete(f"/api/v2/workers/{Worker.objects.get(name='mine-2').id}", HTTP_APIKEY=owner.api_key)
+    assert owner.pop("mine-4").status_code == 200
