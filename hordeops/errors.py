@@ -310,6 +310,31 @@ class NotOwner(DomainError):
     default_message = "Only the worker's owner or a moderator may change this."
 
 
+class MaintenanceMode(DomainError):
+    code = "MaintenanceMode"
+    status = 400  # as the AI Horde answers it: a 5xx would have the SDKs resend the request
+    retry_after = 60
+    default_message = "The horde has entered maintenance mode. Please try again later."
+
+
+class WorkerInviteOnly(DomainError):
+    code = "WorkerInviteOnly"
+    status = 403
+    default_message = (
+        "This horde has been switched to worker invite-only mode: only trusted accounts may start "
+        "new workers. Ask a moderator."
+    )
+
+
+class RaidMode(DomainError):
+    code = "RaidMode"
+    status = 403
+    default_message = (
+        "This horde is defending itself from a raid: new workers of untrusted accounts are refused "
+        "for now. Please try again later."
+    )
+
+
 class TooManyWorkers(DomainError):
     code = "TooManyWorkers"
     status = 403

@@ -18,6 +18,7 @@ from jobs import serializers as s
 from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
+from workers import modes
 from workers.services import authenticate
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
@@ -325,7 +326,14 @@ class PerformanceView(APIView):
 class ModesView(APIView):
     @extend_schema(operation_id="status_modes", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
-        return Response({"maintenance_mode": False, "invite_only_mode": False, "raid_mode": False})
+        current = modes.current()
+        return Response(
+            {
+                "maintenance_mode": current.maintenance,
+                "invite_only_mode": current.invite_only,
+                "raid_mode": current.raid,
+            }
+        )
 
 
 class TextTotalsView(APIView):

@@ -36,11 +36,13 @@ def _no_cached_discovery() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_model_sizes_of_another_test() -> None:
-    # Each process keeps a snapshot of the model table (kudos/sizes.py); a rolled-back test's
-    # rows would outlive it there.
+    # Each process keeps a snapshot of the model table (kudos/sizes.py) and of the horde's
+    # modes (workers/modes.py); a rolled-back test's rows would outlive it there.
     from kudos import sizes
+    from workers import modes
 
     sizes.forget()
+    modes.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,13 @@
 from datetime import UTC
 
 from django.contrib import admin, messages
+from django.shortcuts import redirect
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from workers import services
-from workers.models import Account, Worker
+from workers.models import Account, HordeModes, Worker
 
 
 class ModeratedFieldsMixin:
@@ -322,3 +324,21 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     @admin.action(description="Unpause the selected workers", permissions=["change"])
     def unpause(self, request, queryset) -> None:
         self._set_paused(request, queryset, False)
+
+
+@admin.register(HordeModes)
+class HordeModesAdmin(admin.ModelAdmin):
+    """The one row of modes: the list goes straight to it; every change is logged."""
+
+    fields = ("maintenance", "invite_only", "raid", "updated_at")
+    readonly_fields = ("updated_at",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request, extra_context=None):
+        modes, _ = HordeModes.objects.get_or_create(pk=1)
+        return redirect(reverse("admin:workers_hordemodes_change", args=[modes.pk]))

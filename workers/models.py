@@ -218,3 +218,30 @@ class Worker(models.Model):
     def capacity_limited(self) -> bool:
         """A chat worker that declares more max_length than it can produce in the base lease."""
         return self.chat and self.capacity < self.max_length
+
+
+class HordeModes(models.Model):
+    """The horde's modes, one row (its id is 1), set by moderators in the admin and reported by
+    GET /api/v2/status/modes (`workers.modes`)."""
+
+    maintenance = models.BooleanField(
+        default=False, db_default=False, help_text="No new requests are accepted (400 MaintenanceMode)."
+    )
+    invite_only = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Only trusted accounts may start new workers (403 WorkerInviteOnly).",
+    )
+    raid = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="New workers of untrusted accounts are refused (403 RaidMode).",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = verbose_name_plural = "horde modes"
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="horde_modes_one_row")]
+
+    def __str__(self) -> str:
+        return "Horde modes"

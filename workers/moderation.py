@@ -14,6 +14,8 @@ PERMISSIONS = (
     ("workers", "change_account"),
     ("workers", "view_worker"),
     ("workers", "change_worker"),
+    ("workers", "view_hordemodes"),
+    ("workers", "change_hordemodes"),
     ("jobs", "view_textrequest"),
     ("jobs", "view_generation"),
     ("kudos", "view_posting"),

@@ -150,8 +150,21 @@ def check_in_worker(
         raise errors.TooManyWorkers(account.workers_allowed)
     if worker is None or worker.account_id != account.id:
         raise errors.WrongCredentials("This worker name is owned by another account.")
+    if worker.created_at == now and not account.trusted:
+        refuse_new_worker_by_mode(worker)
     worker.account = account
     return worker
+
+
+def refuse_new_worker_by_mode(worker: Worker) -> None:
+    """In invite-only or raid mode an untrusted account's new worker is refused: the row its
+    first pop just made is removed again (it holds nothing yet)."""
+    from workers import modes
+
+    now_modes = modes.read()
+    if now_modes.invite_only or now_modes.raid:
+        Worker.objects.filter(pk=worker.pk, completed_jobs=0).delete()
+        raise errors.WorkerInviteOnly() if now_modes.invite_only else errors.RaidMode()
 
 
 def set_trust(*, accounts, trusted: bool) -> int:

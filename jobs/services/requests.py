@@ -19,6 +19,7 @@ from jobs.models import Generation, TextRequest
 from jobs.status import eligible_workers
 from kudos import ledger, rates
 from kudos.models import Event, Wallet
+from workers import modes
 from workers.models import Account, Worker
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ def create_text_request(
     cannot cover them is refused with KudosUpfront, or asks for fewer tokens if it allows a
     downgrade."""
     now = now or clock.now()
+    if modes.current().maintenance:
+        raise errors.MaintenanceMode()
     n = params.pop("n", 1)
     max_length = params.get("max_length", 80)
     max_context_length = params.get("max_context_length", 2048)
