@@ -109,7 +109,10 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
         "moderator",
         "deadline_limit_ms",
         "max_waiting_requests",
+        "worker_limit",
         "created_at",
+        "suspended_at",
+        "suspension_reason",
     }
     assert full.get_deferred_fields() == set()
 
