@@ -38,7 +38,8 @@ def check_in() -> str:
 
     `caller` is the key's account (no row: an unknown key, so no row at all); `current` the
     worker row as it stands; `written` the upsert, tried unless the caller is anonymous or the
-    row is the caller's, its last pop fresh and its declarations unchanged; a new name only
+    row is the caller's, its last pop fresh and its declarations unchanged, or the caller is
+    suspended (its workers are not kept online by pops it is refused); a new name only
     while the caller runs fewer workers than it may (`Account.workers_allowed`). An upsert on
     another account's name writes nothing (its WHERE), and the row returned is then that
     account's. Authenticating here saves the pop a round trip of its own. Columns left out of
@@ -56,7 +57,7 @@ def check_in() -> str:
         INSERT INTO {worker} (id, name, account_id, {", ".join(DECLARED)}, created_at, last_pop_at)
         SELECT gen_random_uuid(), %(name)s, caller.id, {_DECLARED_NOW}, %(now)s, %(now)s
         FROM caller
-        WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}'
+        WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}' AND caller.suspended_at IS NULL
           AND (EXISTS (SELECT FROM current) OR (
               SELECT count(*) FROM {worker} AS mine
               WHERE mine.account_id = caller.id AND mine.deleted_at IS NULL

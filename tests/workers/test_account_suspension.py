@@ -4,9 +4,10 @@ cancelled) and reset a key, from the admin, each logged."""
 from django.contrib.admin.models import LogEntry
 
 from jobs.models import TextRequest
-from workers.models import Account
+from workers.models import Account, Worker
 
 ACCOUNTS = "/admin/workers/account/"
+T0 = "2026-06-01 08:00:00+00:00"
 
 
 def _refusal(answer) -> tuple[int, str]:
@@ -34,11 +35,19 @@ def test_a_suspended_accounts_key_is_refused_everywhere_and_its_open_requests_ca
     assert requester.request_text().status_code == 202
 
 
-def test_a_suspended_owners_worker_cannot_submit_what_it_holds(moderator, requester, owner):
+def test_a_suspended_owners_worker_cannot_submit_what_it_holds_nor_stay_online(
+    moderator, requester, owner, clock
+):
     requester.request_text()
     job = owner.pop("held").json()
     moderator.post(ACCOUNTS, {"action": "suspend", "_selected_action": [owner.account.pk]})
     assert _refusal(owner.submit(job["id"], "The end.")) == (403, "AccountSuspended")
+    seen = Worker.objects.get(name="held").last_pop_at
+    clock.shift(600)
+    assert _refusal(owner.pop("held")) == (403, "AccountSuspended")
+    assert _refusal(owner.pop("another")) == (403, "AccountSuspended")
+    assert Worker.objects.get(name="held").last_pop_at == seen  # its refused pops keep it nowhere
+    assert not Worker.objects.filter(name="another").exists()
 
 
 def test_a_reason_written_on_the_accounts_page_suspends_it_and_its_owner_reads_it(moderator, requester):
