@@ -237,9 +237,10 @@ def multiply_rows(model, times: int, **columns: str) -> None:
         cursor.execute(f"ANALYZE {table}")
 
 
-def race(*calls: Callable[[], Any], timeout: float = 60) -> list[Any]:
+def race(*calls: Callable[[], Any], timeout: float = 60, return_exceptions: bool = False) -> list[Any]:
     """Run the calls at once, each on its own thread and database connection, and return what
-    each returned, in order; fail with what any raised."""
+    each returned, in order; fail with what any raised, or, with `return_exceptions`, return
+    what it raised in its place for the test to inspect."""
     barrier = threading.Barrier(len(calls))
     results: list[Any] = [None] * len(calls)
     failures: list[BaseException] = []
@@ -248,6 +249,10 @@ def race(*calls: Callable[[], Any], timeout: float = 60) -> list[Any]:
         try:
             barrier.wait()
             results[index] = call()
+        except Exception as exc:
+            if not return_exceptions:
+                failures.append(exc)  # handed to the test thread
+            results[index] = exc
         except BaseException as exc:  # handed to the test thread
             failures.append(exc)
         finally:

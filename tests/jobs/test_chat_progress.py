@@ -1,12 +1,10 @@
 """The stream lease in Redis: its fields, its extension, and posts racing each other or the pass."""
 
-import threading
 import uuid
 from collections import Counter
 from datetime import UTC, timedelta
 
 import pytest
-from django.db import connection
 from django.db.models import F
 from django.utils import timezone
 from django_redis import get_redis_connection
@@ -15,7 +13,7 @@ from hordeops import errors
 from jobs import leases
 from jobs.models import Generation, TextRequest
 from jobs.services import abort_stale_generations, commit_stream, record_progress, submit_generation
-from tests.conftest import progress
+from tests.conftest import progress, race
 
 T0 = "2026-06-01 08:00:00+00:00"
 
@@ -55,28 +53,6 @@ def test_each_post_extends_the_lease_and_the_output(chat_job, trusted_owner, tim
     assert Generation.objects.get(pk=job["id"]).job_ttl == 270
 
 
-def _run_together(*targets) -> list[object]:
-    """Run callables in threads released at once; return what each returned or raised."""
-    start = threading.Barrier(len(targets))
-    results: list[object] = [None] * len(targets)
-
-    def run(index: int, target) -> None:
-        try:
-            start.wait()
-            results[index] = target()
-        except Exception as exc:  # returned for the test to inspect
-            results[index] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, t)) for i, t in enumerate(targets)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
 @pytest.mark.django_db(transaction=True)
 def test_two_posts_with_the_same_seq_at_once_relay_once_and_renew_once(make_caller, chat_job):
     owner = make_caller("owner", trusted=True)
@@ -89,7 +65,7 @@ def test_two_posts_with_the_same_seq_at_once_relay_once_and_renew_once(make_call
                 api_key=owner.api_key, generation_id=generation.pk, seq=1, delta="same words", tokens=2
             ).lease
 
-        outcomes = _run_together(post, post)
+        outcomes = race(post, post, return_exceptions=True)
         assert sorted(outcomes) == ["granted", "not_renewed"], outcomes
         assert _deltas(generation) == ["same words"]
         assert Generation.objects.get(pk=generation.pk).renewals == 1
@@ -114,7 +90,7 @@ def test_a_renewal_racing_the_stale_pass_ends_renewed_and_alive_or_aborted_never
             # The pass runs one second later: the database lease has lapsed by then.
             return abort_stale_generations(now=now + timedelta(seconds=1))
 
-        renewal, _ = _run_together(renew, stale_pass)
+        renewal, _ = race(renew, stale_pass, return_exceptions=True)
         generation = Generation.objects.get(pk=job["id"])
         lease = leases.state(job["id"])
         if generation.state == Generation.State.PROCESSING:
@@ -209,7 +185,7 @@ def test_a_submit_racing_a_progress_post_keeps_the_submitted_text(make_caller, c
             api_key=owner.api_key, generation_id=job["id"], text="whole", state="ok", seed=0, gen_metadata=[]
         )
 
-    _run_together(post, submit)
+    race(post, submit, return_exceptions=True)
     generation = Generation.objects.get(pk=job["id"])
     assert (generation.state, generation.text) == (Generation.State.DONE, "whole")
 
@@ -251,7 +227,7 @@ def test_a_stream_committing_while_the_pass_aborts_either_commits_and_faults_or_
         def commit(generation=generation):
             return commit_stream(request_id=generation.request_id, generation_id=generation.pk)
 
-        committed, _ = _run_together(commit, abort_stale_generations)
+        committed, _ = race(commit, abort_stale_generations, return_exceptions=True)
         request = TextRequest.objects.get(pk=generation.request_id)
         assert Generation.objects.get(pk=generation.pk).state == Generation.State.ABORTED
         if committed is True:
