@@ -347,6 +347,15 @@ class TooManyWorkers(DomainError):
         )
 
 
+class TooManySameIPs(DomainError):
+    code = "TooManySameIPs"
+    status = 403
+    default_message = (
+        "You are running too many workers from the same location. To prevent abuse, please ask a "
+        "moderator to allow more workers from this address."
+    )
+
+
 class AccountSuspended(DomainError):
     code = "AccountSuspended"
     status = 403

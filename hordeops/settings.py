@@ -113,6 +113,9 @@ ACCOUNT_MAX_WAITING_REQUESTS = env_int("ACCOUNT_MAX_WAITING_REQUESTS", 30)
 # Workers one account may run (the AI Horde's limits); a moderator's value on the account wins.
 WORKER_LIMIT_UNTRUSTED = env_int("WORKER_LIMIT_UNTRUSTED", 3)
 WORKER_LIMIT_TRUSTED = env_int("WORKER_LIMIT_TRUSTED", 20)
+# Workers of untrusted accounts, whatever account, from one client address (an IPv6 one by its
+# /64); loopback is not limited (the operator's own workers); 0 turns the limit off.
+WORKER_LIMIT_PER_ADDRESS = env_int("WORKER_LIMIT_PER_ADDRESS", 3)
 ANONYMOUS_MAX_WAITING_REQUESTS = env_int("ANONYMOUS_MAX_WAITING_REQUESTS", 10)
 # Token buckets of every route but the worker routes, the heartbeat and /metrics
 # (hordeops/ratelimit.py): per API key and per client address, each refilling at its rate per

@@ -219,6 +219,7 @@ class TextPopView(APIView):
             chat=data["chat"],
             bridge_agent=data["bridge_agent"],
             amount=data["amount"],
+            address=ratelimit.request_address(request),
         )
         # Already in PopOutput's shape (the schema): rendered as is, without the serializer's
         # field-by-field copy on the hottest route. DRF's encoder writes UUIDs and UTC times

@@ -188,10 +188,12 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         ("deleted_at", admin.EmptyFieldListFilter),
     )
     list_select_related = ("account",)
-    search_fields = ("name",)
+    # By address too: a raid's workers come from a few.
+    search_fields = ("name", "=address")
     fields = (
         "name",
         "account",
+        "address",
         "served_models",
         "bridge_agent",
         "chat",
@@ -214,6 +216,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "deleted_at",
     )
     readonly_fields = (
+        "address",
         "bridge_agent",
         "speed",
         "completed_jobs",

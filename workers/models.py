@@ -139,6 +139,9 @@ class Worker(models.Model):
     nsfw = models.BooleanField(default=False)
     chat = models.BooleanField(default=False)
     bridge_agent = models.CharField(max_length=1000, default="unknown:0:unknown")
+    # The client address of its last pop, as the limits count it (an IPv6 address by its /64):
+    # workers of untrusted accounts from one address are limited (WORKER_LIMIT_PER_ADDRESS).
+    address = models.CharField(max_length=64, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     last_pop_at = models.DateTimeField(default=timezone.now, db_index=True)
 
@@ -177,7 +180,13 @@ class Worker(models.Model):
 
     class Meta:
         ordering = ("name",)
-        indexes = [GinIndex(fields=["served_models"], name="worker_models_gin")]
+        indexes = [
+            GinIndex(fields=["served_models"], name="worker_models_gin"),
+            # The per-address limit's count, made when an untrusted account's pop names a new worker.
+            models.Index(
+                fields=["address"], condition=Q(deleted_at__isnull=True), name="worker_live_address"
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["name"], condition=Q(deleted_at__isnull=True), name="worker_name_unique"

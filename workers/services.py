@@ -1,3 +1,4 @@
+import ipaddress
 import logging
 from collections import Counter
 from datetime import datetime, timedelta
@@ -8,6 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from hordeops import clock, errors
+from hordeops.ratelimit import address_bucket
 from hordeops.rows import fetch_instance, fetch_instances
 from workers import sql
 from workers.capacity import check_in_fresh_since, online_since
@@ -106,6 +108,7 @@ def check_in_worker(
     chat: bool,
     bridge_agent: str,
     now: datetime,
+    address: str = "",
 ) -> Worker:
     """Authenticate a pop's key, find or create the worker it names, and record what the
     worker declares now; return the worker with its account (the key's) loaded.
@@ -117,7 +120,13 @@ def check_in_worker(
     online window), as the AI Horde debounces its check-in, unless something the worker
     declares changed: then it is written at once. Most pops thus write nothing: a worker
     row update touches five indexes, the GIN index of its models among them.
+
+    `address` is the pop's client address (`hordeops.ratelimit.request_address`): kept on the
+    worker as the limits count it, and a new worker of an untrusted account is refused once
+    WORKER_LIMIT_PER_ADDRESS workers of untrusted accounts come from it.
     """
+    limited = is_limited_address(address)
+    address = address_bucket(address) if address else ""
     found = fetch_instances(
         sql.check_in(),
         {
@@ -134,6 +143,9 @@ def check_in_worker(
             "fresh_since": check_in_fresh_since(now),
             "worker_limit_trusted": settings.WORKER_LIMIT_TRUSTED,
             "worker_limit_untrusted": settings.WORKER_LIMIT_UNTRUSTED,
+            "address": address,
+            "limit_address": address if limited else None,
+            "worker_limit_per_address": settings.WORKER_LIMIT_PER_ADDRESS,
         },
         (Account, None),
         (Worker, None),
@@ -144,16 +156,38 @@ def check_in_worker(
     refuse_suspended(account)
     if account.is_anonymous:
         raise errors.AnonForbiddenWorker()
-    # No worker: a new name past the account's limit, or another account created the name in
-    # the same instant.
-    if worker is None and Worker.objects.live().filter(account=account).count() >= account.workers_allowed:
-        raise errors.TooManyWorkers(account.workers_allowed)
+    # No worker: a new name past the account's limit or its address's, or another account
+    # created the name in the same instant.
+    if worker is None:
+        refuse_past_limits(account, address if limited else None)
     if worker is None or worker.account_id != account.id:
         raise errors.WrongCredentials("This worker name is owned by another account.")
     if worker.created_at == now and not account.trusted:
         refuse_new_worker_by_mode(worker)
     worker.account = account
     return worker
+
+
+def is_limited_address(address: str) -> bool:
+    """Whether a pop from `address` counts towards WORKER_LIMIT_PER_ADDRESS: any but loopback
+    (the horde's own host) and an unknown one, while the limit is on."""
+    if not address or settings.WORKER_LIMIT_PER_ADDRESS <= 0:
+        return False
+    try:
+        return not ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return True
+
+
+def refuse_past_limits(account: Account, address: str | None) -> None:
+    """Say which limit refused a new worker (the check-in's own statement applied them);
+    `address` is the limited address as counted, None when it is not limited."""
+    if Worker.objects.live().filter(account=account).count() >= account.workers_allowed:
+        raise errors.TooManyWorkers(account.workers_allowed)
+    if not account.trusted and address is not None:
+        there = Worker.objects.live().filter(address=address, account__trusted=False).count()
+        if there >= max(settings.WORKER_LIMIT_PER_ADDRESS, account.worker_limit or 0):
+            raise errors.TooManySameIPs()
 
 
 def refuse_new_worker_by_mode(worker: Worker) -> None:

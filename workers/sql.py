@@ -32,6 +32,16 @@ _WORKERS_ALLOWED = (
 )
 
 
+# Workers of untrusted accounts from the pop's address (`limit_address`; NULL: not limited) that
+# a new name of an untrusted caller may join: fewer than the limit, or than the caller's own.
+_ADDRESS_ROOM = (
+    "(caller.trusted OR %(limit_address)s::varchar IS NULL OR ("
+    "SELECT count(*) FROM {worker} AS there JOIN {account} AS owner ON owner.id = there.account_id "
+    "WHERE there.address = %(limit_address)s::varchar AND there.deleted_at IS NULL AND NOT owner.trusted"
+    ") < GREATEST(%(worker_limit_per_address)s, COALESCE(caller.worker_limit, 0)))"
+)
+
+
 @cache
 def check_in() -> str:
     """Authenticate a pop's key and find, create or update the worker it names.
@@ -40,7 +50,8 @@ def check_in() -> str:
     worker row as it stands; `written` the upsert, tried unless the caller is anonymous or the
     row is the caller's, its last pop fresh and its declarations unchanged, or the caller is
     suspended (its workers are not kept online by pops it is refused); a new name only
-    while the caller runs fewer workers than it may (`Account.workers_allowed`). An upsert on
+    while the caller runs fewer workers than it may (`Account.workers_allowed`) and, for an
+    untrusted caller, its address has room (`_ADDRESS_ROOM`). An upsert on
     another account's name writes nothing (its WHERE), and the row returned is then that
     account's. Authenticating here saves the pop a round trip of its own. Columns left out of
     the INSERT take their database defaults (the models' `db_default`).
@@ -54,22 +65,24 @@ def check_in() -> str:
         SELECT {columns(Worker)} FROM {worker} WHERE name = %(name)s AND deleted_at IS NULL
     ),
     written AS (
-        INSERT INTO {worker} (id, name, account_id, {", ".join(DECLARED)}, created_at, last_pop_at)
-        SELECT gen_random_uuid(), %(name)s, caller.id, {_DECLARED_NOW}, %(now)s, %(now)s
+        INSERT INTO {worker} (id, name, account_id, {", ".join(DECLARED)}, address, created_at, last_pop_at)
+        SELECT gen_random_uuid(), %(name)s, caller.id, {_DECLARED_NOW}, %(address)s::varchar, %(now)s, %(now)s
         FROM caller
         WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}' AND caller.suspended_at IS NULL
-          AND (EXISTS (SELECT FROM current) OR (
+          AND (EXISTS (SELECT FROM current) OR ((
               SELECT count(*) FROM {worker} AS mine
               WHERE mine.account_id = caller.id AND mine.deleted_at IS NULL
-          ) < {_WORKERS_ALLOWED})
+          ) < {_WORKERS_ALLOWED} AND {_ADDRESS_ROOM.format(worker=worker, account=Account._meta.db_table)}))
           AND NOT EXISTS (
             SELECT FROM current AS c
             WHERE c.account_id = caller.id
               AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s
+              AND c.address = %(address)s::varchar
               AND ({", ".join(f"c.{field}" for field in DECLARED)}) IS NOT DISTINCT FROM ({_DECLARED_NOW})
         )
         ON CONFLICT (name) WHERE deleted_at IS NULL DO UPDATE SET
             {", ".join(f"{field} = EXCLUDED.{field}" for field in DECLARED)},
+            address = EXCLUDED.address,
             last_pop_at = EXCLUDED.last_pop_at
         WHERE {worker}.account_id = EXCLUDED.account_id
         RETURNING {columns(Worker)}

@@ -108,6 +108,7 @@ def pop_generation(
     bridge_agent: str,
     amount: int,
     now: datetime | None = None,
+    address: str = "",
 ) -> PoppedJob | EmptyPop:
     """Authenticate the key and check the worker in, then claim the best request it may
     serve, if any.
@@ -128,6 +129,7 @@ def pop_generation(
         chat=chat,
         bridge_agent=bridge_agent,
         now=now,
+        address=address,
     )
     if worker.paused:
         return EmptyPop(skipped={})  # a moderator paused it: offered nothing, no claim tried

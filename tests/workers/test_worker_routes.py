@@ -274,3 +274,49 @@ def test_an_untrusted_account_runs_three_workers_a_trusted_one_twenty_and_a_mode
     assert owner.pop("mine-4").json()["rc"] == "TooManyWorkers"
     owner.client.delete(f"/api/v2/workers/{Worker.objects.get(name='mine-2').id}", HTTP_APIKEY=owner.api_key)
     assert owner.pop("mine-4").status_code == 200
+
+
+def _from(caller, address: str):
+    caller.client.defaults["REMOTE_ADDR"] = address
+    return caller
+
+
+def test_untrusted_accounts_run_three_workers_from_one_address_whatever_the_account(make_caller):
+    first, second, third = (_from(make_caller(), "203.0.113.7") for _ in range(3))
+    assert first.pop("raid-1").status_code == 200
+    assert first.pop("raid-2").status_code == 200
+    assert second.pop("raid-3").status_code == 200
+    refused = third.pop("raid-4")
+    assert (refused.status_code, refused.json()["rc"]) == (403, "TooManySameIPs")
+    assert Worker.objects.get(name="raid-1").address == "203.0.113.7"
+    assert first.pop("raid-1").status_code == 200  # the ones that came first pop on
+
+    # Another address has room; a trusted account's workers are not limited by address.
+    assert _from(make_caller(), "198.51.100.1").pop("elsewhere").status_code == 200
+    assert _from(make_caller(trusted=True), "203.0.113.7").pop("trusted-here").status_code == 200
+    # A worker that moves to the address counts there from its next pop on.
+    mover = _from(make_caller(), "198.51.100.2")
+    mover.pop("mover")
+    _from(mover, "203.0.113.7").pop("mover")
+    assert Worker.objects.get(name="mover").address == "203.0.113.7"
+    Worker.objects.filter(name__in=["raid-2", "raid-3"]).update(deleted_at=timezone.now())
+    assert third.pop("raid-4").status_code == 200  # deleted ones free their places
+    assert third.pop("raid-5").json()["rc"] == "TooManySameIPs"
+
+    # A moderator's worker limit on the account lets it run that many from one address.
+    Account.objects.filter(pk=third.account.pk).update(worker_limit=5)
+    assert third.pop("raid-5").status_code == 200
+
+
+def test_ipv6_workers_count_by_their_64_and_loopback_is_not_limited(make_caller, settings):
+    for n in range(3):
+        assert _from(make_caller(), f"2001:db8:1:2::{n + 1}").pop(f"v6-{n}").status_code == 200
+    refused = _from(make_caller(), "2001:db8:1:2:ffff::9").pop("v6-same-64")
+    assert refused.json()["rc"] == "TooManySameIPs"
+    assert _from(make_caller(), "2001:db8:1:3::1").pop("v6-next-64").status_code == 200
+    assert Worker.objects.get(name="v6-0").address == "2001:db8:1:2::/64"
+
+    for n in range(4):
+        assert _from(make_caller(), "127.0.0.1").pop(f"local-{n}").status_code == 200
+    settings.WORKER_LIMIT_PER_ADDRESS = 0
+    assert _from(make_caller(), "2001:db8:1:2::7").pop("limit-off").status_code == 200
