@@ -16,7 +16,7 @@ from django.utils.deprecation import MiddlewareMixin
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from hordeops import clock, errors, keys, ratelimit
+from hordeops import clock, errors, keys, metrics, ratelimit, timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -165,11 +165,17 @@ class BodyLimitMiddleware(MiddlewareMixin):
 
 
 class RateLimitMiddleware(MiddlewareMixin):
-    """The token buckets (hordeops.ratelimit), before any route's work; on the worker routes,
-    only for keys no account has, which each process remembers (`ratelimit.key_memory`)."""
+    """The address timeouts (hordeops.timeouts), then the token buckets (hordeops.ratelimit),
+    before any route's work; on the worker routes the buckets count only keys no account has,
+    which each process remembers (`ratelimit.key_memory`)."""
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         path = request.path
+        if timeouts.any_active() and timeouts.is_checked_path(path):
+            seconds = timeouts.seconds_left(ratelimit.request_address(request))
+            if seconds:
+                metrics.increment_soon(metrics.TIMED_OUT_REFUSALS, now=clock.now())
+                return error_response_for_path(path, errors.TimeoutIP(seconds))
         if ratelimit.is_worker_path(path):
             return self._worker_call(request)
         if not ratelimit.is_limited_path(path):

@@ -347,6 +347,25 @@ class TooManyWorkers(DomainError):
         )
 
 
+class TimeoutIP(DomainError):
+    code = "TimeoutIP"
+    status = 403
+    default_message = (
+        "Due to abuse prevention, your IP address has been put into timeout. Please try again "
+        "later, or contact a moderator if you think this was an error."
+    )
+
+    def __init__(self, seconds: int) -> None:
+        # The AI Horde's wording: the seconds left, unless it is more than four days.
+        super().__init__(
+            None
+            if seconds > 4 * 24 * 3600
+            else f"Due to abuse prevention, your IP address has been put into timeout for {seconds} "
+            "more seconds. Please try again later, or contact a moderator if you think this was an error."
+        )
+        self.retry_after = seconds
+
+
 class TooManySameIPs(DomainError):
     code = "TooManySameIPs"
     status = 403

@@ -74,7 +74,13 @@ POP_LEASE_CAPACITY_LIMITED = HordeCounter(
     (),
     ((),),
 )
-COUNTERS = (LEASE_RENEWALS, STALE_ABORTS, POP_LEASE_CAPACITY_LIMITED)
+TIMED_OUT_REFUSALS = HordeCounter(
+    "horde_timed_out_refusals",
+    "Calls refused because their client address is in a moderator's timeout (403 TimeoutIP).",
+    (),
+    ((),),
+)
+COUNTERS = (LEASE_RENEWALS, STALE_ABORTS, POP_LEASE_CAPACITY_LIMITED, TIMED_OUT_REFUSALS)
 
 
 def trust_label(trusted: bool) -> str:

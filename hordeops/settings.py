@@ -386,6 +386,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": schedule(KUDOS_PASS_SECONDS),
         "options": {"expires": KUDOS_PASS_SECONDS},
     },
+    # The address timeouts the routes check live in Redis, which keeps nothing on disk: a
+    # minute at most after Redis lost them, they are there again.
+    "every-minute-address-timeouts": {
+        "task": "workers.tasks.publish_address_timeouts_task",
+        "schedule": schedule(60),
+        "options": {"expires": 60},
+    },
 }
 
 LOGGING = {

@@ -46,6 +46,16 @@ def _no_model_sizes_of_another_test() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_address_timeouts() -> None:
+    # The routes check timeouts from Redis, through a per-process snapshot (hordeops/timeouts.py):
+    # a rolled-back test's timeouts would outlive it in both.
+    from hordeops import timeouts
+
+    cache.client.get_client(write=True).delete(timeouts.KEY)
+    timeouts.forget()
+
+
+@pytest.fixture(autouse=True)
 def _no_login_failures() -> None:
     # Failed admin logins count in Redis for 15 minutes (hordeops/logins.py): each test starts
     # with none of another's.

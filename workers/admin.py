@@ -1,13 +1,16 @@
-from datetime import UTC
+import ipaddress
+from datetime import UTC, timedelta
 
+from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from hordeops import clock, timeouts
 from workers import services
-from workers.models import Account, HordeModes, Worker
+from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, HordeModes, Worker
 
 
 class ModeratedFieldsMixin:
@@ -345,3 +348,93 @@ class HordeModesAdmin(admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         modes, _ = HordeModes.objects.get_or_create(pk=1)
         return redirect(reverse("admin:workers_hordemodes_change", args=[modes.pk]))
+
+
+class AddressTimeoutForm(forms.ModelForm):
+    hours = forms.IntegerField(
+        min_value=1,
+        max_value=MAX_TIMEOUT_HOURS,
+        initial=24,
+        help_text="From now; at most 720 (30 days), as the AI Horde allows.",
+    )
+
+    class Meta:
+        model = AddressTimeout
+        fields = ("network", "reason")
+
+    def clean_network(self) -> str:
+        try:
+            return timeouts.shown(timeouts.network(self.cleaned_data["network"]))
+        except ValueError:
+            raise forms.ValidationError("Not an IP address or a CIDR network.") from None
+
+
+class TimeoutInForceFilter(admin.SimpleListFilter):
+    title = "in force"
+    parameter_name = "in_force"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "In force"), ("no", "Ended"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.active(timezone.now())
+        if self.value() == "no":
+            return queryset.exclude(pk__in=queryset.active(timezone.now()))
+        return queryset
+
+
+@admin.register(AddressTimeout)
+class AddressTimeoutAdmin(admin.ModelAdmin):
+    """Address and network timeouts: set (or extended) for some hours from now, lifted by
+    deleting them; each through `services`, which has every web process refuse them at once."""
+
+    form = AddressTimeoutForm
+    list_display = ("network", "until", "left", "reason", "created_by")
+    list_filter = (TimeoutInForceFilter,)
+    search_fields = ("network", "reason")
+    fields = ("network", "hours", "reason", "until", "created_by", "created_at")
+    readonly_fields = ("until", "created_by", "created_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        # A timeout's network is what it is: another one is another timeout.
+        return (*self.readonly_fields, "network") if obj else self.readonly_fields
+
+    def get_search_results(self, request, queryset, search_term):
+        # An address finds the timeouts that hold it, networks included.
+        try:
+            address = ipaddress.ip_address(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        holding = [
+            row.pk
+            for row in queryset
+            if address.version == timeouts.network(row.network).version
+            and address in timeouts.network(row.network)
+        ]
+        return queryset.filter(pk__in=holding), False
+
+    @admin.display(description="left")
+    def left(self, row: AddressTimeout) -> str:
+        seconds = int((row.until - timezone.now()).total_seconds())
+        if seconds <= 0:
+            return "ended"
+        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+    def save_model(self, request, obj: AddressTimeout, form, change) -> None:
+        now = clock.now()
+        row = services.time_out_address(
+            network=obj.network,
+            until=now + timedelta(hours=form.cleaned_data["hours"]),
+            reason=obj.reason,
+            by=str(request.user),
+            now=now,
+        )
+        obj.pk, obj.until, obj.created_by, obj.created_at = row.pk, row.until, row.created_by, row.created_at
+
+    def delete_model(self, request, obj: AddressTimeout) -> None:
+        services.lift_address_timeouts(networks=[obj.network], by=str(request.user), now=clock.now())
+
+    def delete_queryset(self, request, queryset) -> None:
+        networks = list(queryset.values_list("network", flat=True))
+        services.lift_address_timeouts(networks=networks, by=str(request.user), now=clock.now())

@@ -254,3 +254,36 @@ class HordeModes(models.Model):
 
     def __str__(self) -> str:
         return "Horde modes"
+
+
+# The longest timeout a moderator sets at once (the AI Horde's 30 days).
+MAX_TIMEOUT_HOURS = 24 * 30
+
+
+class AddressTimeoutQuerySet(models.QuerySet["AddressTimeout"]):
+    def active(self, now: datetime) -> "AddressTimeoutQuerySet":
+        return self.filter(until__gt=now)
+
+
+class AddressTimeout(models.Model):
+    """A client address or network a moderator put into timeout: every API call from it is
+    refused until `until` (403 TimeoutIP, `hordeops.timeouts`). Set again, it is extended."""
+
+    # As `hordeops.timeouts.shown` writes it: an address bare, a network as its CIDR.
+    network = models.CharField(
+        max_length=50,
+        unique=True,
+        help_text="An address (203.0.113.7, 2001:db8::1) or a network (203.0.113.0/24, 2001:db8::/48).",
+    )
+    until = models.DateTimeField()
+    reason = models.CharField(max_length=500, blank=True, default="")
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = AddressTimeoutQuerySet.as_manager()
+
+    class Meta:
+        ordering = ("-until",)
+
+    def __str__(self) -> str:
+        return self.network

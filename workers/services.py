@@ -8,12 +8,12 @@ from uuid import UUID
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
-from hordeops import clock, errors
+from hordeops import clock, errors, timeouts
 from hordeops.ratelimit import address_bucket
 from hordeops.rows import fetch_instance, fetch_instances
 from workers import sql
 from workers.capacity import check_in_fresh_since, online_since
-from workers.models import Account, Worker, hash_api_key, new_api_key
+from workers.models import Account, AddressTimeout, Worker, hash_api_key, new_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +199,44 @@ def refuse_new_worker_by_mode(worker: Worker) -> None:
     if now_modes.invite_only or now_modes.raid:
         Worker.objects.filter(pk=worker.pk, completed_jobs=0).delete()
         raise errors.WorkerInviteOnly() if now_modes.invite_only else errors.RaidMode()
+
+
+def time_out_address(
+    *, network: str, until: datetime, reason: str = "", by: str, now: datetime
+) -> AddressTimeout:
+    """Put an address or a network into timeout until `until` (a timeout it has already is
+    replaced), and have every web process refuse it within a second (`hordeops.timeouts`)."""
+    try:
+        name = timeouts.shown(timeouts.network(network))
+    except ValueError:
+        raise errors.BadRequest("Invalid IP Address") from None
+    with transaction.atomic():
+        row, _ = AddressTimeout.objects.update_or_create(
+            network=name,
+            defaults={"until": until, "reason": reason[:500], "created_by": by[:150], "created_at": now},
+        )
+    publish_address_timeouts(now=now)
+    logger.info("address %s in timeout until %s, by %s", name, until.isoformat(), by)
+    return row
+
+
+def lift_address_timeouts(*, networks: list[str], by: str, now: datetime) -> int:
+    """End the timeouts of these addresses or networks (as `time_out_address` names them)."""
+    try:
+        names = [timeouts.shown(timeouts.network(network)) for network in networks]
+    except ValueError:
+        raise errors.BadRequest("Invalid IP Address") from None
+    lifted, _ = AddressTimeout.objects.filter(network__in=names).delete()
+    publish_address_timeouts(now=now)
+    logger.info("timeouts of %s lifted by %s", ", ".join(names), by)
+    return lifted
+
+
+def publish_address_timeouts(*, now: datetime) -> int:
+    """Give the routes the timeouts in force (the beat pass's too: Redis may have lost them)."""
+    active = AddressTimeout.objects.active(now).values_list("network", "until")
+    timeouts.publish({network: until.timestamp() for network, until in active})
+    return len(active)
 
 
 def set_trust(*, accounts, trusted: bool) -> int:

@@ -6,4 +6,8 @@ urlpatterns = [
     path("workers", views.WorkersView.as_view(), name="workers"),
     re_path(r"^workers/name/(?P<worker_name>.*)$", views.WorkerByNameView.as_view(), name="worker-by-name"),
     re_path(r"^workers/(?P<worker_id>[^/]*)$", views.WorkerView.as_view(), name="worker"),
+    path("operations/ipaddr", views.OperationsIPView.as_view(), name="operations-ipaddr"),
+    re_path(
+        r"^operations/ipaddr/(?P<ipaddr>.+)$", views.OperationsIPSingleView.as_view(), name="operations-ip"
+    ),
 ]

@@ -1,6 +1,7 @@
 """The horde's worker routes (the AI Horde's `/workers`): parse, call one service or read, shape
 the answer with `workers.details`. The account routes are `kudos.views`'."""
 
+from datetime import timedelta
 from uuid import UUID
 
 from drf_spectacular.types import OpenApiTypes
@@ -10,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hordeops import clock, errors
+from hordeops import clock, errors, timeouts
 from hordeops.serializers import (
     APIKEY_AUTH,
     OBJECT_LIST,
@@ -18,10 +19,11 @@ from hordeops.serializers import (
     HordeErrorOutput,
     StrictBooleanField,
     StrictCharField,
+    StrictIntegerField,
 )
 from workers import services
 from workers.details import TEXT, online_workers, privileged_details, worker_details
-from workers.models import Account, Worker
+from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, Worker
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
 APIKEY_OPTIONAL = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=False)
@@ -163,3 +165,107 @@ class WorkerByNameView(APIView):
     )
     def get(self, request: Request, worker_name: str) -> Response:
         return _worker_answer(request, _worker({"name": worker_name}))
+
+
+class AddTimeoutInput(serializers.Serializer):
+    ipaddr = StrictCharField(min_length=7, max_length=40)
+    hours = StrictIntegerField(min_value=1, max_value=MAX_TIMEOUT_HOURS)
+
+
+class DeleteTimeoutInput(serializers.Serializer):
+    ipaddr = StrictCharField(min_length=7, max_length=40)
+
+
+IP_TIMEOUTS = inline_serializer(
+    "IPTimeout", {"ipaddr": serializers.CharField(), "seconds": serializers.IntegerField()}, many=True
+)
+SIMPLE = inline_serializer("SimpleResponse", {"message": serializers.CharField()})
+
+
+def _moderator(request: Request) -> Account:
+    caller = services.authenticate(api_key=request.headers.get("apikey"))
+    if not caller.moderator:
+        raise errors.NotModerator()
+    return caller
+
+
+def _timeouts_answer(rows) -> list[dict]:
+    now = clock.now()
+    return [
+        {"ipaddr": row.network, "seconds": int((row.until - now).total_seconds())}
+        for row in rows
+        if row.until > now
+    ]
+
+
+class OperationsIPView(APIView):
+    """The AI Horde's `/v2/operations/ipaddr`: a moderator lists, adds and removes timeouts."""
+
+    @extend_schema(
+        operation_id="operations_ip_list",
+        parameters=[APIKEY],
+        auth=APIKEY_AUTH,
+        responses={200: IP_TIMEOUTS, **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        _moderator(request)
+        return Response(_timeouts_answer(AddressTimeout.objects.active(clock.now())))
+
+    @extend_schema(
+        operation_id="operations_ip_add",
+        parameters=[APIKEY],
+        auth=APIKEY_AUTH,
+        request=AddTimeoutInput,
+        responses={200: SIMPLE, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _valid(AddTimeoutInput, request)
+        moderator = _moderator(request)
+        now = clock.now()
+        services.time_out_address(
+            network=data["ipaddr"], until=now + timedelta(hours=data["hours"]), by=moderator.name, now=now
+        )
+        return Response({"message": "OK"})
+
+    @extend_schema(
+        operation_id="operations_ip_delete",
+        parameters=[APIKEY],
+        auth=APIKEY_AUTH,
+        request=DeleteTimeoutInput,
+        responses={200: SIMPLE, **ERRORS},
+    )
+    def delete(self, request: Request) -> Response:
+        data = _valid(DeleteTimeoutInput, request)
+        moderator = _moderator(request)
+        services.lift_address_timeouts(networks=[data["ipaddr"]], by=moderator.name, now=clock.now())
+        return Response({"message": "OK"})
+
+
+class OperationsIPSingleView(APIView):
+    @extend_schema(
+        operation_id="operations_ip",
+        parameters=[APIKEY],
+        auth=APIKEY_AUTH,
+        responses={200: IP_TIMEOUTS, **ERRORS},
+    )
+    def get(self, request: Request, ipaddr: str) -> Response:
+        """The timeouts that hold an address or a network."""
+        try:
+            asked = timeouts.network(ipaddr)
+        except ValueError:
+            raise errors.BadRequest("Invalid IP Address") from None
+        _moderator(request)
+        rows = AddressTimeout.objects.active(clock.now())
+        holding = [
+            row
+            for row in rows
+            if timeouts.network(row.network).version == asked.version
+            and asked.subnet_of(timeouts.network(row.network))
+        ]
+        return Response(_timeouts_answer(holding))
+
+
+def _valid(serializer_class, request: Request) -> dict:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data

@@ -111,14 +111,18 @@ def test_the_worker_list_shows_unmeasured_speed_and_capacity(moderator, owner):
 def test_the_migration_made_the_moderators_group_with_its_permissions(db):
     group = Group.objects.get(name=MODERATORS)
     assert sorted(group.permissions.values_list("codename", flat=True)) == [
+        "add_addresstimeout",
         "add_textmodel",
         "award_kudos",
         "change_account",
+        "change_addresstimeout",
         "change_hordemodes",
         "change_textmodel",
         "change_worker",
+        "delete_addresstimeout",
         "delete_textmodel",
         "view_account",
+        "view_addresstimeout",
         "view_generation",
         "view_hordemodes",
         "view_posting",

@@ -1,0 +1,118 @@
+"""Address timeouts: client addresses and networks a moderator has put into timeout, refused
+on every API route, the horde's and the `/v1` ones (403 TimeoutIP), but the heartbeat and the
+moderators' own operations routes.
+
+The record is `workers.models.AddressTimeout` (the admin, `/api/v2/operations/ipaddr`); what
+the routes check is its copy in one Redis hash, network -> end (Unix seconds), rewritten whole
+by `publish` at each change and by a beat pass every minute (so a Redis that lost it has it
+again within that). Each process reads the hash at most once a SNAPSHOT_SECONDS: a route's
+check is a look-up in memory, and with no timeout at all, one comparison. A timeout set in one
+process is seen by the others within a second.
+"""
+
+import ipaddress
+import logging
+import math
+import threading
+import time
+
+import redis.exceptions
+from django_redis import get_redis_connection
+
+from hordeops import clock
+
+logger = logging.getLogger(__name__)
+
+KEY = "hordeops:address-timeouts"
+SNAPSHOT_SECONDS = 1.0
+CHECKED_PATHS = ("/api/", "/v1/")
+# What a timed-out address may still call: the operator's probe, and the moderators' own
+# routes (a moderator behind a timed-out network can lift it).
+EXEMPT_PATHS = ("/api/v2/status/heartbeat", "/api/v2/operations/")
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_lock = threading.Lock()
+# (read at, monotonic; the timeouts: network and end, Unix seconds)
+_snapshot: tuple[float, tuple[tuple[Network, float], ...]] | None = None
+
+
+def network(text: str) -> Network:
+    """An address or a CIDR network as the timeouts hold it (an address is its /32 or /128);
+    ValueError if it is neither."""
+    text = text.strip()
+    if not text or len(text) > 50:
+        raise ValueError(text)
+    return ipaddress.ip_network(text, strict=False)
+
+
+def shown(net: Network) -> str:
+    """A network as the timeouts name it: a single address bare, else its CIDR."""
+    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+
+
+def publish(ends: dict[str, float]) -> None:
+    """Replace the timeouts the routes check with `ends` (network -> end, Unix seconds)."""
+    global _snapshot
+    client = get_redis_connection("default")
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(KEY)
+        if ends:
+            pipe.hset(KEY, mapping={name: repr(end) for name, end in ends.items()})
+        pipe.execute()
+    with _lock:
+        _snapshot = None
+
+
+def _current() -> tuple[tuple[Network, float], ...]:
+    global _snapshot
+    snapshot = _snapshot
+    read_at = time.monotonic()
+    if snapshot is not None and read_at - snapshot[0] < SNAPSHOT_SECONDS:
+        return snapshot[1]
+    try:
+        stored = get_redis_connection("default").hgetall(KEY)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        # Without Redis the routes that need it answer 503 themselves; the last timeouts known
+        # still apply, checked again in a second.
+        logger.warning("address timeouts not read: Redis is unavailable")
+        entries = snapshot[1] if snapshot is not None else ()
+    else:
+        entries = tuple((network(name.decode()), float(end)) for name, end in stored.items())
+    with _lock:
+        _snapshot = (read_at, entries)
+    return entries
+
+
+def any_active() -> bool:
+    """Whether any timeout is known (expired ones count until the next publish)."""
+    return bool(_current())
+
+
+def seconds_left(address: str, *, now: float | None = None) -> int:
+    """How long `address` is still in timeout (the longest of the timeouts that hold it), in
+    whole seconds, at `now` (Unix seconds; the horde's clock if None); 0 if it is not."""
+    entries = _current()
+    if not entries:
+        return 0
+    if now is None:
+        now = clock.now().timestamp()
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return 0
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    left = max((end - now for net, end in entries if ip.version == net.version and ip in net), default=0)
+    return max(0, math.ceil(left))
+
+
+def is_checked_path(path: str) -> bool:
+    return path.startswith(CHECKED_PATHS) and not path.startswith(EXEMPT_PATHS)
+
+
+def forget() -> None:
+    """Drop this process's snapshot (between tests)."""
+    global _snapshot
+    with _lock:
+        _snapshot = None

@@ -1,0 +1,157 @@
+"""Address and network timeouts: set by moderators (the admin, `/api/v2/operations/ipaddr`),
+refused with 403 TimeoutIP on every API route, checked from Redis."""
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from hordeops import metrics, timeouts
+from workers.models import Account, AddressTimeout
+from workers.tasks import publish_address_timeouts_task
+
+T0 = "2026-06-01 12:00:00+00:00"
+OPERATIONS = "/api/v2/operations/ipaddr"
+
+
+@pytest.fixture
+def mod_key(make_caller):
+    caller = make_caller("a-moderator")
+    Account.objects.filter(pk=caller.account.pk).update(moderator=True)
+    return caller
+
+
+def _from(caller, address: str):
+    caller.client = APIClient(REMOTE_ADDR=address)
+    return caller
+
+
+def _time_out(mod_key, ipaddr: str, hours: int = 1):
+    return mod_key.client.post(
+        OPERATIONS, {"ipaddr": ipaddr, "hours": hours}, format="json", HTTP_APIKEY=mod_key.api_key
+    )
+
+
+def test_a_timed_out_address_is_refused_on_requester_and_worker_routes_until_its_timeout_ends(
+    clock, mod_key, make_caller
+):
+    assert _time_out(mod_key, "203.0.113.7").json() == {"message": "OK"}
+    caller = _from(make_caller(), "203.0.113.7")
+    refused = caller.request_text()
+    assert (refused.status_code, refused.json()["rc"]) == (403, "TimeoutIP")
+    assert "3600 more seconds" in refused.json()["message"]
+    assert refused["retry-after"] == "3600"
+    assert caller.pop("w").json()["rc"] == "TimeoutIP"
+    assert caller.client.get("/api/v2/workers").status_code == 403
+    chat = caller.post(
+        "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert (chat.status_code, json.loads(chat.content)["error"]["code"]) == (403, "timeout_ip")
+    anthropic = caller.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": []})
+    assert (anthropic.status_code, json.loads(anthropic.content)["type"]) == (403, "error")
+    # The operator's probe still answers; another address is not held.
+    assert caller.client.get("/api/v2/status/heartbeat").status_code == 200
+    assert _from(make_caller(), "203.0.113.8").request_text().status_code == 202
+    assert metrics.value(metrics.TIMED_OUT_REFUSALS) == 5
+
+    clock.shift(3599)
+    assert caller.request_text().json()["message"].count("for 1 more seconds") == 1
+    clock.shift(1)
+    assert caller.request_text().status_code == 202
+
+
+def test_networks_are_timed_out_by_their_cidr_ipv4_and_ipv6(clock, mod_key, make_caller):
+    assert _time_out(mod_key, "198.51.100.0/24", hours=2).status_code == 200
+    assert _time_out(mod_key, "2001:db8::/32", hours=3).status_code == 200
+    assert _from(make_caller(), "198.51.100.200").pop("w").json()["rc"] == "TimeoutIP"
+    assert _from(make_caller(), "2001:db8:5::1").request_text().json()["rc"] == "TimeoutIP"
+    assert _from(make_caller(), "::ffff:198.51.100.9").request_text().json()["rc"] == "TimeoutIP"
+    assert _from(make_caller(), "198.51.101.1").request_text().status_code == 202
+    assert _from(make_caller(), "2001:db9::1").request_text().status_code == 202
+
+    listed = mod_key.client.get(OPERATIONS, HTTP_APIKEY=mod_key.api_key).json()
+    assert sorted((t["ipaddr"], t["seconds"]) for t in listed) == [
+        ("198.51.100.0/24", 7200),
+        ("2001:db8::/32", 10800),
+    ]
+    holding = mod_key.client.get(f"{OPERATIONS}/198.51.100.77", HTTP_APIKEY=mod_key.api_key).json()
+    assert holding == [{"ipaddr": "198.51.100.0/24", "seconds": 7200}]
+    assert mod_key.client.get(f"{OPERATIONS}/2001:db8:1::/48", HTTP_APIKEY=mod_key.api_key).json()[0][
+        "ipaddr"
+    ] == ("2001:db8::/32")
+
+    lifted = mod_key.client.delete(
+        OPERATIONS, {"ipaddr": "198.51.100.0/24"}, format="json", HTTP_APIKEY=mod_key.api_key
+    )
+    assert lifted.json() == {"message": "OK"}
+    assert _from(make_caller(), "198.51.100.200").request_text().status_code == 202
+    assert _from(make_caller(), "2001:db8:5::1").request_text().json()["rc"] == "TimeoutIP"
+
+
+def test_only_a_moderator_sets_timeouts_and_a_bad_address_or_duration_is_a_400(mod_key, requester):
+    refused = _time_out(requester, "203.0.113.7")
+    assert (refused.status_code, refused.json()["rc"]) == (403, "NotModerator")
+    assert requester.client.get(OPERATIONS, HTTP_APIKEY=requester.api_key).status_code == 403
+    assert requester.client.get(OPERATIONS).status_code == 401
+    for ipaddr, hours in (
+        ("not-an-address", 1),
+        ("203.0.113.7", 0),
+        ("203.0.113.7", 721),
+        ("10.0.0.0/33", 1),
+    ):
+        answer = _time_out(mod_key, ipaddr, hours)
+        assert answer.status_code == 400, (ipaddr, hours)
+        assert "rc" in answer.json()
+    assert mod_key.client.get(f"{OPERATIONS}/nonsense", HTTP_APIKEY=mod_key.api_key).status_code == 400
+    assert not AddressTimeout.objects.exists()
+
+
+def test_a_timeout_set_again_is_replaced_and_one_redis_lost_is_back_with_the_beat_pass(
+    clock, mod_key, make_caller
+):
+    _time_out(mod_key, "203.0.113.7", hours=1)
+    _time_out(mod_key, "203.0.113.7", hours=5)
+    assert AddressTimeout.objects.get().until == datetime.fromisoformat(T0) + timedelta(hours=5)
+    assert mod_key.client.get(OPERATIONS, HTTP_APIKEY=mod_key.api_key).json() == [
+        {"ipaddr": "203.0.113.7", "seconds": 18000}
+    ]
+    caller = _from(make_caller(), "203.0.113.7")
+    cache.client.get_client(write=True).delete(timeouts.KEY)  # Redis restarted, kept nothing
+    timeouts.forget()
+    assert caller.request_text().status_code == 202
+    assert publish_address_timeouts_task() == 1
+    assert caller.request_text().json()["rc"] == "TimeoutIP"
+
+
+def test_the_pops_statement_count_is_unchanged_with_timeouts_in_force(
+    clock, mod_key, requester, owner, django_assert_num_queries
+):
+    _time_out(mod_key, "203.0.113.0/24")
+    owner.pop("w")
+    requester.request_text()
+    clock.shift(1)  # a later pop than the one that made the worker
+    with django_assert_num_queries(2):
+        assert owner.pop("w").json()["id"] is not None
+
+
+def test_a_moderator_sets_and_lifts_a_timeout_in_the_admin_and_both_are_logged(clock, moderator, make_caller):
+    added = moderator.post(
+        "/admin/workers/addresstimeout/add/", {"network": "203.0.113.0/24", "hours": "6", "reason": "raid"}
+    )
+    assert added.status_code == 302, added.content
+    row = AddressTimeout.objects.get()
+    assert (row.network, row.reason, row.created_by) == ("203.0.113.0/24", "raid", "mod")
+    assert _from(make_caller(), "203.0.113.50").request_text().json()["rc"] == "TimeoutIP"
+    found = moderator.get("/admin/workers/addresstimeout/", {"q": "203.0.113.50"})
+    assert b"203.0.113.0/24" in found.content
+    bad = moderator.post("/admin/workers/addresstimeout/add/", {"network": "nope", "hours": "6"})
+    assert b"Not an IP address or a CIDR network." in bad.content
+
+    deleted = moderator.post(f"/admin/workers/addresstimeout/{row.pk}/delete/", {"post": "yes"})
+    assert deleted.status_code == 302
+    assert not AddressTimeout.objects.exists()
+    assert _from(make_caller(), "203.0.113.50").request_text().status_code == 202
+    assert LogEntry.objects.filter(object_repr="203.0.113.0/24").count() == 2
