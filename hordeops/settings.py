@@ -116,6 +116,9 @@ WORKER_LIMIT_TRUSTED = env_int("WORKER_LIMIT_TRUSTED", 20)
 # Workers of untrusted accounts, whatever account, from one client address (an IPv6 one by its
 # /64); loopback is not limited (the operator's own workers); 0 turns the limit off.
 WORKER_LIMIT_PER_ADDRESS = env_int("WORKER_LIMIT_PER_ADDRESS", 3)
+# Suspicions (workers/suspicion.py) that flag an untrusted account: its workers are offered no
+# jobs and it is never trusted automatically (the AI Horde's 5).
+SUSPICION_THRESHOLD = env_int("SUSPICION_THRESHOLD", 5)
 ANONYMOUS_MAX_WAITING_REQUESTS = env_int("ANONYMOUS_MAX_WAITING_REQUESTS", 10)
 # Token buckets of every route but the worker routes, the heartbeat and /metrics
 # (hordeops/ratelimit.py): per API key and per client address, each refilling at its rate per

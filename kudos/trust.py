@@ -1,5 +1,5 @@
 """Evaluation escrow released on trust (the AI Horde's `check_for_trust`): an untrusted account
-whose escrow passes KUDOS_TRUST_THRESHOLD, at least TRUST_AGE old and not anonymous, becomes
+whose escrow passes KUDOS_TRUST_THRESHOLD, at least TRUST_AGE old, not flagged and not anonymous, becomes
 trusted; a trusted account's escrow (whoever made it trusted) is moved to what it can spend.
 """
 
@@ -22,7 +22,8 @@ def release_escrow(*, now: datetime) -> list[int]:
     threshold = settings.KUDOS_TRUST_THRESHOLD
     earned = Q(account__trusted=True)
     if threshold is not None:
-        earned |= Q(balance__gt=threshold, account__created_at__lte=now - TRUST_AGE)
+        # A flagged account (`workers.suspicion`) is never trusted by its kudos.
+        earned |= Q(balance__gt=threshold, account__created_at__lte=now - TRUST_AGE, account__flagged_at=None)
     candidates = (
         Wallet.objects.filter(earned, escrow=True, balance__gt=0)
         .exclude(account__api_key_hash=ANONYMOUS_API_KEY_HASH)
@@ -34,6 +35,8 @@ def release_escrow(*, now: datetime) -> list[int]:
 def _release(account_id: int, *, now: datetime) -> bool:
     with transaction.atomic():
         account = Account.objects.select_for_update().get(pk=account_id)
+        if not account.trusted and account.flagged_at is not None:
+            return False  # flagged since it was found
         held = ledger.balance(account_id, escrow=True)
         if held <= 0:
             return False

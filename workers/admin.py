@@ -3,14 +3,15 @@ from datetime import UTC, timedelta
 
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import Count
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from hordeops import clock, timeouts
-from workers import services
-from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, HordeModes, Worker
+from workers import services, suspicion
+from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, HordeModes, Suspicion, Worker
 
 
 class ModeratedFieldsMixin:
@@ -37,19 +38,52 @@ class SuspendedFilter(admin.SimpleListFilter):
         return queryset
 
 
+class FlaggedFilter(admin.SimpleListFilter):
+    title = "flagged"
+    parameter_name = "flagged"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "Flagged"), ("suspected", "Suspected (any suspicion)"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.exclude(flagged_at=None)
+        if self.value() == "suspected":
+            return queryset.filter(suspicions__isnull=False).distinct()
+        return queryset
+
+
+class SuspicionInline(admin.TabularInline):
+    """Why the account is suspected, newest first: read only, cleared by the list's action."""
+
+    model = Suspicion
+    fields = ("created_at", "reason", "detail", "worker")
+    readonly_fields = fields
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(Account)
 class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     list_display = (
         "name",
         "trusted",
         "suspended",
+        "flagged",
+        "suspicion_count",
         "deadline_limit_ms",
         "waiting_requests_bound",
         "created_at",
     )
     list_editable = ("trusted",)
-    list_filter = ("trusted", SuspendedFilter)
+    list_filter = ("trusted", SuspendedFilter, FlaggedFilter)
     search_fields = ("name",)
+    inlines = (SuspicionInline,)
     # `moderator` (the key may change any worker through the horde API) is a superuser's to give.
     fields = (
         "name",
@@ -60,9 +94,10 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "worker_limit",
         "suspension_reason",
         "suspended_at",
+        "flagged_at",
         "created_at",
     )
-    readonly_fields = ("suspended_at", "created_at")
+    readonly_fields = ("suspended_at", "flagged_at", "created_at")
     moderated_fields = (
         "trusted",
         "deadline_limit_ms",
@@ -70,15 +105,36 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "worker_limit",
         "suspension_reason",
     )
-    actions = ("trust", "untrust", "suspend", "lift_suspension", "reset_key")
+    actions = ("trust", "untrust", "suspend", "lift_suspension", "reset_key", "clear_suspicion")
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:
         return request.user.is_superuser
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(suspicion_total=Count("suspicions"))
+
     @admin.display(description="suspended", boolean=True, ordering="suspended_at")
     def suspended(self, account: Account) -> bool:
         return account.suspended_at is not None
+
+    @admin.display(description="flagged", boolean=True, ordering="flagged_at")
+    def flagged(self, account: Account) -> bool:
+        return account.flagged_at is not None
+
+    @admin.display(description="suspicions", ordering="suspicion_total")
+    def suspicion_count(self, account: Account) -> int:
+        return account.suspicion_total
+
+    @admin.action(
+        description="Clear the selected accounts' suspicions (lifts the flag)", permissions=["change"]
+    )
+    def clear_suspicion(self, request, queryset) -> None:
+        clearing = list(queryset.filter(suspicions__isnull=False).distinct())
+        suspicion.clear(accounts=queryset)
+        for account in clearing:
+            self.log_change(request, account, "Suspicions cleared: its workers are offered jobs again.")
+        self.message_user(request, f"Cleared {len(clearing)} account(s)' suspicions.", messages.SUCCESS)
 
     def save_model(self, request, obj: Account, form, change) -> None:
         # A reason written here suspends the account (its key refused, its requests cancelled:
@@ -179,6 +235,8 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "online",
         "last_seen",
         "jobs_done",
+        "given_back",
+        "uncompleted_jobs",
         "maintenance",
         "aborts_last_hour",
         "agent",
@@ -210,6 +268,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "aborted_jobs",
         "aborts_window_start",
         "uncompleted_jobs",
+        "given_back",
         "maintenance",
         "maintenance_reason",
         "maintenance_by_moderator",
@@ -228,6 +287,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "aborted_jobs",
         "aborts_window_start",
         "uncompleted_jobs",
+        "given_back",
         "maintenance_by_moderator",
         "last_pop_at",
         "deleted_at",

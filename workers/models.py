@@ -59,6 +59,9 @@ class Account(models.Model):
     # Suspended by a moderator: its key is refused everywhere, with this reason.
     suspended_at = models.DateTimeField(null=True, blank=True)
     suspension_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # Set once its suspicions reach SUSPICION_THRESHOLD (`workers.suspicion`): its workers are
+    # offered no jobs and it is never trusted automatically, until a moderator clears it.
+    flagged_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ("name",)
@@ -165,6 +168,8 @@ class Worker(models.Model):
     aborted_jobs = models.PositiveIntegerField(default=0, db_default=0)
     aborts_window_start = models.DateTimeField(null=True, blank=True)
     uncompleted_jobs = models.PositiveIntegerField(default=0, db_default=0)
+    # Jobs it gave back (a submit with state "faulted"): counted as aborts too.
+    given_back = models.PositiveIntegerField(default=0, db_default=0)
     maintenance = models.BooleanField(default=False, db_default=False)
     maintenance_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
     # Set by a moderator: binding, only a moderator lifts it (the owner's PUT is refused).
@@ -287,3 +292,27 @@ class AddressTimeout(models.Model):
 
     def __str__(self) -> str:
         return self.network
+
+
+class Suspicion(models.Model):
+    """One reason to suspect an untrusted account's worker (`workers.suspicion`), as the AI
+    Horde records them; SUSPICION_THRESHOLD of them flag the account."""
+
+    class Reason(models.TextChoices):
+        UNREASONABLY_FAST = "unreasonably_fast", "Generation unreasonably fast for its model's size"
+        ABORTS = "aborts", "Too many jobs aborted in an hour (into maintenance again)"
+        GIVE_BACKS = "give_backs", "Gives back most of the jobs it takes"
+
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="suspicions")
+    worker = models.ForeignKey(Worker, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    # The figures behind it ("212 t/s > 100 t/s for 13B"), never a prompt or a reply.
+    detail = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("-created_at",)
+        indexes = [models.Index(fields=["account", "-created_at"], name="suspicion_account_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.get_reason_display()}: {self.detail}"

@@ -11,9 +11,9 @@ from django.db import IntegrityError, connection, transaction
 from hordeops import clock, errors, timeouts
 from hordeops.ratelimit import address_bucket
 from hordeops.rows import fetch_instance, fetch_instances
-from workers import sql
+from workers import sql, suspicion
 from workers.capacity import check_in_fresh_since, online_since
-from workers.models import Account, AddressTimeout, Worker, hash_api_key, new_api_key
+from workers.models import Account, AddressTimeout, Suspicion, Worker, hash_api_key, new_api_key
 
 logger = logging.getLogger(__name__)
 
@@ -264,11 +264,12 @@ def set_paused(*, workers, paused: bool) -> int:
     return workers.update(paused=paused)
 
 
-def count_aborts(*, counts: Counter[UUID], now: datetime) -> list[str]:
-    """Count aborts (per worker id) in each worker's one-hour window; past
-    WORKER_ABORT_MAINTENANCE_THRESHOLD the worker goes into maintenance. Returns the names of
-    the workers now in maintenance. Runs in the caller's transaction (the stale pass's or a
-    give-back's), so the aborts and their count commit together."""
+def count_aborts(*, counts: Counter[UUID], now: datetime, given_back: bool = False) -> list[str]:
+    """Count aborts (per worker id) in each worker's one-hour window, and, for a give-back,
+    its give-backs; past WORKER_ABORT_MAINTENANCE_THRESHOLD the worker goes into maintenance.
+    Each trip into maintenance, and giving back too much, is a suspicion (`workers.suspicion`).
+    Returns the names of the workers now in maintenance. Runs in the caller's transaction (the
+    stale pass's or a give-back's), so the aborts and their count commit together."""
     ids, added = zip(*counts.items(), strict=False)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -280,9 +281,30 @@ def count_aborts(*, counts: Counter[UUID], now: datetime) -> list[str]:
                 "window_start": now - Worker.ABORT_WINDOW,
                 "threshold": settings.WORKER_ABORT_MAINTENANCE_THRESHOLD,
                 "reason": MAINTENANCE_REASON,
+                "given_back": given_back,
             },
         )
-        return [name for name, in_maintenance in cursor.fetchall() if in_maintenance]
+        rows = cursor.fetchall()
+    for worker_id, account_id, _, _, tripped, gave, completed in rows:
+        if tripped:
+            detail = f"more than {settings.WORKER_ABORT_MAINTENANCE_THRESHOLD} aborts within an hour"
+            suspicion.report(
+                account_id=account_id,
+                worker_id=worker_id,
+                reason=Suspicion.Reason.ABORTS,
+                detail=detail,
+                now=now,
+            )
+        if given_back and suspicion.gives_back_too_much(given_back=gave, completed=completed):
+            detail = f"gave back {gave} of the {gave + completed} jobs it took"
+            suspicion.report(
+                account_id=account_id,
+                worker_id=worker_id,
+                reason=Suspicion.Reason.GIVE_BACKS,
+                detail=detail,
+                now=now,
+            )
+    return [name for _, _, name, in_maintenance, *_ in rows if in_maintenance]
 
 
 def modify_worker(

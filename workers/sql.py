@@ -102,7 +102,9 @@ def count_aborts() -> str:
 
     Every value is computed from the worker row itself (no self-join), so two passes or a
     faulted submit racing the pass both count. The window is `Worker.ABORT_WINDOW`'s one
-    reading, as `Worker.aborts_in_window` reads it: `window_start` is now minus it.
+    reading, as `Worker.aborts_in_window` reads it: `window_start` is now minus it. Each
+    worker's row comes back with whether it went past the threshold now (its count reset to 0:
+    `added` is at least 1, so nothing else leaves it at 0).
     """
     expired = "(w.aborts_window_start IS NULL OR w.aborts_window_start < %(window_start)s)"
     new = f"(CASE WHEN {expired} THEN v.added ELSE w.aborted_jobs + v.added END)"
@@ -112,10 +114,12 @@ def count_aborts() -> str:
           aborted_jobs = CASE WHEN {over} THEN 0 ELSE {new} END,
           aborts_window_start = CASE WHEN {expired} THEN %(now)s ELSE w.aborts_window_start END,
           uncompleted_jobs = w.uncompleted_jobs + v.added,
+          given_back = w.given_back + CASE WHEN %(given_back)s THEN v.added ELSE 0 END,
           maintenance = w.maintenance OR {over},
           maintenance_reason = CASE WHEN NOT w.maintenance AND {over}
                                     THEN %(reason)s ELSE w.maintenance_reason END
         FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
         WHERE w.id = v.id
-        RETURNING w.name, w.maintenance
+        RETURNING w.id, w.account_id, w.name, w.maintenance, w.aborted_jobs = 0,
+          w.given_back, w.completed_jobs
         """

@@ -131,8 +131,10 @@ def pop_generation(
         now=now,
         address=address,
     )
-    if worker.paused:
-        return EmptyPop(skipped={})  # a moderator paused it: offered nothing, no claim tried
+    if worker.paused or worker.account.flagged_at is not None:
+        # A moderator paused it, or its account is flagged (`workers.suspicion`): offered
+        # nothing, no claim tried.
+        return EmptyPop(skipped={})
     trusted = worker.account.trusted
     cap = leases.cap_seconds(trusted=trusted)
     if worker.capacity_limited:

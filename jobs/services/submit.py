@@ -17,7 +17,9 @@ from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
 from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
 from jobs.services.requests import estimate_tokens
 from jobs.services.settlement import settle
-from workers.models import Worker
+from kudos import sizes
+from workers import suspicion
+from workers.models import Suspicion, Worker
 from workers.services import count_aborts
 
 logger = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ def _submit(
         (accepted,) = cursor.fetchone()
     if not accepted:
         raise refusal(generation_id=generation.pk)
+    _suspect_speed(generation, tokens=tokens, now=now)
     if text_request.relayed:
         finish = "length" if tokens >= text_request.max_length else "stop"
         # robust: the result is accepted once committed, Redis or not; the answer says so.
@@ -113,6 +116,25 @@ def _submit(
             robust=True,
         )
     return float(settlement.earned)
+
+
+def _suspect_speed(generation: Generation, *, tokens: int, now: datetime) -> None:
+    """An untrusted worker's job delivered faster than its model's size allows is a suspicion
+    (`workers.suspicion`): a statement more only then."""
+    if generation.worker.account.trusted:
+        return
+    ceiling = suspicion.speed_ceiling(generation.model, sizes.billions(generation.model))
+    seconds = (now - generation.popped_at).total_seconds()
+    if ceiling is None or tokens <= ceiling * seconds:
+        return
+    speed = tokens / max(seconds, 0.001)
+    suspicion.report(
+        account_id=generation.worker.account_id,
+        worker_id=generation.worker_id,
+        reason=Suspicion.Reason.UNREASONABLY_FAST,
+        detail=f"{speed:.0f} t/s > {ceiling:.0f} t/s for {generation.model}",
+        now=now,
+    )
 
 
 def _relay_done(
@@ -133,7 +155,7 @@ def _give_back(generation: Generation, now: datetime) -> None:
         if not given_back:
             raise refusal(generation_id=generation.pk)
         restarts = restart_requests(counts=Counter([generation.request_id]), after_commit=Ending.GIVEN_BACK)
-        count_aborts(counts=Counter([generation.worker_id]), now=now)
+        count_aborts(counts=Counter([generation.worker_id]), now=now, given_back=True)
         aborted = [AbortedJob(request_id=generation.request_id, generation_id=generation.pk)]
         # robust: committed, the give-back has happened, so it is not answered 503 if Redis
         # fails now; the lease left in Redis is dead anyway, as the row says (`refusal`).

@@ -73,6 +73,25 @@ def test_escrow_past_the_threshold_makes_an_old_enough_account_trusted(owner, on
     call_command("check_kudos")
 
 
+def test_a_flagged_account_is_never_trusted_by_its_escrow_until_a_moderator_clears_it(
+    owner, online, clock, settings
+):
+    from workers import suspicion
+
+    settings.KUDOS_TRUST_THRESHOLD = 150
+    online(owner, 21 * 60)
+    pk = owner.account.pk
+    Account.objects.filter(pk=pk).update(
+        created_at=timezone.now() - timedelta(days=8), flagged_at=timezone.now()
+    )
+    run_kudos_pass()
+    assert not Account.objects.get(pk=pk).trusted
+    assert ledger.balance(pk, escrow=True) == 2 * UPTIME
+    suspicion.clear(accounts=Account.objects.filter(pk=pk))
+    run_kudos_pass()
+    assert Account.objects.get(pk=pk).trusted
+
+
 def test_without_a_threshold_no_account_becomes_trusted_but_a_moderators_trust_releases_escrow(
     owner, online, clock, settings
 ):
