@@ -367,6 +367,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.schema.bound_deadline_header",
+        "workers.schema.add_delete_bodies",
     ],
 }
 

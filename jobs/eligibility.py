@@ -12,9 +12,9 @@ The speed gate (docs/reference/worker_protocol.md):
     3. it cannot finish even within its cap.
   A legacy text job puts every worker in tier 1: the gate does not apply to it.
 - A worker is offered a job when it passes the job's plain filters (model, lengths, trust,
-  named workers, maintenance, chat) and no worker of a better tier that passes them too is
-  online. So the fallback is ordered: tier 2 only when no tier 1 is online, tier 3 only when
-  neither is.
+  named or blocked workers, slow workers, maintenance, chat) and no worker of a better tier
+  that passes them too is online. So the fallback is ordered: tier 2 only when no tier 1 is
+  online, tier 3 only when neither is.
 
 The rule is written once, as SQL over a request row `r` and a worker row `w` with its account
 `wa`. The pop evaluates it for one worker across the queue; the status evaluates it for one
@@ -33,6 +33,9 @@ from workers.capacity import ONLINE_SQL, generating_seconds, lease_window_second
 from workers.models import Account, Worker
 
 TEXT = TextRequest.Kind.TEXT.value  # a legacy text job: the gate does not apply
+# Below this a worker is slow: a request with `slow_workers: false` is not offered to it (the
+# AI Horde's floor for text workers).
+SLOW_WORKER_TOKENS_PER_SECOND = 2
 
 
 def params(now: datetime) -> dict[str, Any]:
@@ -40,6 +43,7 @@ def params(now: datetime) -> dict[str, Any]:
     return {
         "online_since": online_since(now),
         "unmeasured": settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
+        "slow_floor": SLOW_WORKER_TOKENS_PER_SECOND,
         "window": lease_window_seconds(),
         "trusted_window": generating_seconds(settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
         "untrusted_window": generating_seconds(settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
@@ -61,20 +65,25 @@ def _filters(r: str, w: str, wa: str, *, shape: str = "") -> list[tuple[str | No
     one the AI Horde does not report, maintenance, or a kind the worker does not see).
 
     `shape` ("popper" or "better"): the filters of a shape of requests (`shape_offer_sql`),
-    which has no account or named workers. The popping worker passes the maintenance filter
-    (a request of its own account may have the shape), a worker that would gate it only when
-    it is not in maintenance (so that it gates every request of the shape)."""
+    which has no account, named workers or `slow_workers`. The popping worker passes the
+    maintenance and speed filters (a request of its own account, or one that welcomes slow
+    workers, may have the shape), a worker that would gate it only when it is not in
+    maintenance and not slow (so that it gates every request of the shape)."""
     maintenance = {
         "": f"(NOT {w}.maintenance OR {w}.account_id = {r}.account_id)",
         "popper": "true",
         "better": f"NOT {w}.maintenance",
     }[shape]
+    fast = f"coalesce({w}.speed, %(unmeasured)s) >= %(slow_floor)s"
+    named = f"({w}.id = ANY({r}.allowed_workers))"
+    slow = {"": f"({r}.slow_workers OR {fast})", "popper": "true", "better": fast}[shape]
     filters = [
         ("max_length", f"{r}.max_length <= {w}.max_length"),
         ("max_context_length", f"{r}.max_context_length <= {w}.max_context_length"),
         ("models", f"(cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"),
-        ("worker_id", f"(cardinality({r}.allowed_workers) = 0 OR {w}.id = ANY({r}.allowed_workers))"),
+        ("worker_id", f"(cardinality({r}.allowed_workers) = 0 OR {named} <> {r}.worker_blacklist)"),
         ("untrusted", f"(NOT {r}.trusted_workers OR {wa}.trusted)"),
+        ("performance", slow),
         (None, maintenance),
         (None, f"({r}.kind = '{TEXT}' OR {w}.chat)"),
     ]
@@ -87,8 +96,8 @@ def filters_sql(r: str, w: str, wa: str, *, shape: str = "") -> str:
 
 
 # Why a worker that was offered nothing was passed over, in the AI Horde's words (its pop's
-# `skipped`): the first plain filter that fails, else the speed gate (a better tier is online)
-# or another pop's lock.
+# `skipped`): the first plain filter that fails, else the speed gate (a better tier is online),
+# a request refusing slow workers, or another pop's lock.
 # In this order: a request that fails several filters counts under the first (a model the worker
 # does not serve says more than its lengths).
 SKIP_REASONS = ("models", "max_length", "max_context_length", "worker_id", "untrusted", "performance")

@@ -74,7 +74,10 @@ class TextRequest(models.Model):
     max_context_length = models.PositiveIntegerField(default=2048)
     requested_models = ArrayField(models.CharField(max_length=255), default=list, blank=True)
     allowed_workers = ArrayField(models.UUIDField(), default=list, blank=True)
+    # `workers` blocks instead of allows (the AI Horde's worker_blacklist).
+    worker_blacklist = models.BooleanField(default=False, db_default=False)
     trusted_workers = models.BooleanField(default=False)
+    # False: not offered to workers below eligibility.SLOW_WORKER_TOKENS_PER_SECOND.
     slow_workers = models.BooleanField(default=True)
     priority = models.IntegerField(default=0)
     # The fair order across accounts: how many waiting or running requests the account had

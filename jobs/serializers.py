@@ -138,6 +138,7 @@ class TextAsyncInput(HotInput):
     params = TextParamsInput(required=False)
     models = serializers.ListField(child=StrictCharField(max_length=255), max_length=200, default=list)
     workers = serializers.ListField(child=StrictUUIDField(), max_length=5, default=list)
+    worker_blacklist = StrictBooleanField(default=False)
     trusted_workers = StrictBooleanField(default=False)
     slow_workers = StrictBooleanField(default=True)
     allow_downgrade = StrictBooleanField(default=False)

@@ -84,6 +84,7 @@ class TextAsyncView(APIView):
             params=params,
             models=data["models"],
             workers=data["workers"],
+            worker_blacklist=data["worker_blacklist"],
             trusted_workers=data["trusted_workers"],
             slow_workers=data["slow_workers"],
             allow_downgrade=data["allow_downgrade"],

@@ -219,8 +219,8 @@ class OperationsIPView(APIView):
         responses={200: SIMPLE, **ERRORS},
     )
     def post(self, request: Request) -> Response:
-        data = _valid(AddTimeoutInput, request)
         moderator = _moderator(request)
+        data = _valid(AddTimeoutInput, request)
         now = clock.now()
         services.time_out_address(
             network=data["ipaddr"], until=now + timedelta(hours=data["hours"]), by=moderator.name, now=now
@@ -235,8 +235,8 @@ class OperationsIPView(APIView):
         responses={200: SIMPLE, **ERRORS},
     )
     def delete(self, request: Request) -> Response:
-        data = _valid(DeleteTimeoutInput, request)
         moderator = _moderator(request)
+        data = _valid(DeleteTimeoutInput, request)
         services.lift_address_timeouts(networks=[data["ipaddr"]], by=moderator.name, now=clock.now())
         return Response({"message": "OK"})
 
@@ -250,11 +250,11 @@ class OperationsIPSingleView(APIView):
     )
     def get(self, request: Request, ipaddr: str) -> Response:
         """The timeouts that hold an address or a network."""
+        _moderator(request)
         try:
             asked = timeouts.network(ipaddr)
         except ValueError:
             raise errors.BadRequest("Invalid IP Address") from None
-        _moderator(request)
         rows = AddressTimeout.objects.active(clock.now())
         holding = [
             row

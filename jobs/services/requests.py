@@ -67,6 +67,7 @@ def create_text_request(
     trusted_workers: bool,
     slow_workers: bool,
     dry_run: bool,
+    worker_blacklist: bool = False,
     allow_downgrade: bool = False,
     deadline_at: datetime | None = None,
     now: datetime | None = None,
@@ -90,7 +91,7 @@ def create_text_request(
     cost = spending.request_cost(
         models=models, max_length=max_length, max_context_length=max_context_length, n=n
     )
-    if workers:
+    if workers and not worker_blacklist:  # blocking a worker that is gone blocks nothing
         known = set(Worker.objects.filter(pk__in=workers).values_list("pk", flat=True))
         missing = [str(w) for w in workers if w not in known]
         if missing:
@@ -105,6 +106,7 @@ def create_text_request(
         "max_context_length": max_context_length,
         "requested_models": models,
         "allowed_workers": workers,
+        "worker_blacklist": worker_blacklist and bool(workers),
         "trusted_workers": trusted_workers,
         "slow_workers": slow_workers,
         "n": n,

@@ -62,6 +62,8 @@ class RequestSpec:
     max_context_length: int
     trusted_workers: bool
     allowed: tuple[int, ...]  # indices into the fleet
+    blacklist: bool = False  # `allowed` blocks instead (worker_blacklist)
+    slow_workers: bool = True
 
 
 def online(w: WorkerSpec) -> bool:
@@ -69,12 +71,15 @@ def online(w: WorkerSpec) -> bool:
 
 
 def passes_filters(r: RequestSpec, i: int, w: WorkerSpec, trusted: list[bool]) -> bool:
-    """Could worker `i` serve the request at all: models, lengths, trust, names, maintenance, chat."""
+    """Could worker `i` serve the request at all: models, lengths, trust, names (allowed or
+    blocked), slow workers, maintenance, chat."""
+    speed = settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND if w.speed is None else w.speed
     return (
         r.max_length <= w.max_length
         and r.max_context_length <= w.max_context_length
         and (not r.models or bool(set(r.models) & set(w.models)))
-        and (not r.allowed or i in r.allowed)
+        and (not r.allowed or (i in r.allowed) != r.blacklist)
+        and (r.slow_workers or speed >= 2)
         and (not r.trusted_workers or trusted[w.account])
         and (not w.maintenance or w.account == r.account)
         and (r.kind == "text" or w.chat)
@@ -186,6 +191,8 @@ def build(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec, *, b
         max_context_length=spec.max_context_length,
         requested_models=list(spec.models),
         allowed_workers=[workers[i].pk for i in spec.allowed],
+        worker_blacklist=spec.blacklist and bool(spec.allowed),
+        slow_workers=spec.slow_workers,
         trusted_workers=spec.trusted_workers,
         n=1,
         queued=1,
@@ -239,7 +246,7 @@ def mostly(value: Any, other: st.SearchStrategy) -> st.SearchStrategy:
 
 SPEEDS = st.one_of(
     st.none(),
-    st.sampled_from([0.5, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 100.0]),
+    st.sampled_from([0.5, 1.0, 1.999, 2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 100.0]),
     st.floats(min_value=0.5, max_value=100, allow_nan=False, allow_infinity=False),
 )
 LENGTHS = st.one_of(st.sampled_from([80, 512, 1024, 1200, 2048, 4096, 8192, 16384]), st.integers(1, 16384))
@@ -313,6 +320,8 @@ def scenarios(draw) -> tuple[list[bool], list[WorkerSpec], RequestSpec, bool]:
         max_context_length=context,
         trusted_workers=draw(mostly(False, st.booleans())),
         allowed=allowed,
+        blacklist=draw(mostly(False, st.just(True))),
+        slow_workers=draw(mostly(True, st.just(False))),
     )
     # Half the time behind requests nobody may take: the pop reaches it by its shape.
     return accounts, fleet, spec, draw(st.booleans())

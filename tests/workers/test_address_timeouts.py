@@ -155,3 +155,9 @@ def test_a_moderator_sets_and_lifts_a_timeout_in_the_admin_and_both_are_logged(c
     assert not AddressTimeout.objects.exists()
     assert _from(make_caller(), "203.0.113.50").request_text().status_code == 202
     assert LogEntry.objects.filter(object_repr="203.0.113.0/24").count() == 2
+
+
+def test_the_schema_describes_the_body_of_a_timeouts_delete(client, db):
+    schema = client.get("/api/schema/", {"format": "json"}).json()
+    body = schema["paths"]["/api/v2/operations/ipaddr"]["delete"]["requestBody"]
+    assert body["content"]["application/json"]["schema"]["required"] == ["ipaddr"]
