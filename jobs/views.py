@@ -18,7 +18,7 @@ from jobs import serializers as s
 from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
-from workers import modes
+from workers import messages, modes
 from workers.services import authenticate
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
@@ -152,7 +152,7 @@ def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool)
             "model": None,
             "ttl": None,
             "skipped": job.skipped,
-            "messages": [],
+            "messages": messages.for_worker(job.worker_id, now),
             "softprompt": None,
             "extra_source_images": None,
         }
@@ -173,7 +173,7 @@ def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool)
         "model": first.model,
         "ttl": settings.TEXT_JOB_LEASE_SECONDS,
         "skipped": {},
-        "messages": [],
+        "messages": messages.for_worker(first.worker_id, now),
         "softprompt": None,
         "extra_source_images": None,
     }

@@ -39,10 +39,11 @@ def _no_model_sizes_of_another_test() -> None:
     # Each process keeps a snapshot of the model table (kudos/sizes.py) and of the horde's
     # modes (workers/modes.py); a rolled-back test's rows would outlive it there.
     from kudos import sizes
-    from workers import modes
+    from workers import messages, modes
 
     sizes.forget()
     modes.forget()
+    messages.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,8 @@ from datetime import UTC, timedelta
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
@@ -11,7 +12,15 @@ from django.utils.html import format_html
 
 from hordeops import clock, timeouts
 from workers import services, suspicion
-from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, HordeModes, Suspicion, Worker
+from workers.models import (
+    MAX_TIMEOUT_HOURS,
+    Account,
+    AddressTimeout,
+    HordeModes,
+    Suspicion,
+    Worker,
+    WorkerMessage,
+)
 
 
 class ModeratedFieldsMixin:
@@ -112,7 +121,11 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         return request.user.is_superuser
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(suspicion_total=Count("suspicions"))
+        # A subquery, not a join: the actions lock and update these rows (no GROUP BY allowed).
+        counted = Suspicion.objects.filter(account=OuterRef("pk")).values("account").annotate(n=Count("*"))
+        return (
+            super().get_queryset(request).annotate(suspicion_total=Coalesce(Subquery(counted.values("n")), 0))
+        )
 
     @admin.display(description="suspended", boolean=True, ordering="suspended_at")
     def suspended(self, account: Account) -> bool:
@@ -498,3 +511,38 @@ class AddressTimeoutAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset) -> None:
         networks = list(queryset.values_list("network", flat=True))
         services.lift_address_timeouts(networks=networks, by=str(request.user), now=clock.now())
+
+
+class WorkerMessageForm(forms.ModelForm):
+    hours = forms.IntegerField(
+        min_value=1, max_value=MAX_TIMEOUT_HOURS, initial=12, help_text="Delivered for this long, from now."
+    )
+
+    class Meta:
+        model = WorkerMessage
+        fields = ("worker", "message", "origin")
+
+
+@admin.register(WorkerMessage)
+class WorkerMessageAdmin(admin.ModelAdmin):
+    """Messages to workers: each of the worker's pops carries it (`messages`) until it expires;
+    deleting it stops it at once."""
+
+    form = WorkerMessageForm
+    list_display = ("worker", "excerpt", "origin", "expiry", "created_by")
+    list_select_related = ("worker",)
+    search_fields = ("worker__name", "message")
+    raw_id_fields = ("worker",)
+    fields = ("worker", "message", "origin", "hours", "expiry", "created_by", "created_at")
+    readonly_fields = ("expiry", "created_by", "created_at")
+
+    @admin.display(description="message")
+    def excerpt(self, row: WorkerMessage) -> str:
+        return row.message if len(row.message) <= 80 else row.message[:79] + "…"
+
+    def save_model(self, request, obj: WorkerMessage, form, change) -> None:
+        now = clock.now()
+        obj.expiry = now + timedelta(hours=form.cleaned_data["hours"])
+        if not change:
+            obj.created_by, obj.created_at = str(request.user), now
+        super().save_model(request, obj, form, change)

@@ -316,3 +316,21 @@ class Suspicion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_reason_display()}: {self.detail}"
+
+
+class WorkerMessage(models.Model):
+    """A moderator's message to a worker, delivered in each of its pops' `messages` until it
+    expires (the AI Horde's worker messages; `workers.messages`)."""
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="messages")
+    message = models.TextField(max_length=2000)
+    origin = models.CharField(max_length=255, default="Horde moderators")
+    expiry = models.DateTimeField(db_index=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return f"to {self.worker_id}: {self.message[:40]}"

@@ -6,6 +6,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import connection
@@ -36,6 +37,7 @@ class EmptyPop:
     AI Horde's `skipped`, `{reason: count}` (`sql.skipped`)."""
 
     skipped: dict[str, int]
+    worker_id: UUID | None = None  # whose pop it was: its messages go with the answer
 
 
 class RecentSkips:
@@ -134,7 +136,7 @@ def pop_generation(
     if worker.paused or worker.account.flagged_at is not None:
         # A moderator paused it, or its account is flagged (`workers.suspicion`): offered
         # nothing, no claim tried.
-        return EmptyPop(skipped={})
+        return EmptyPop(skipped={}, worker_id=worker.pk)
     trusted = worker.account.trusted
     cap = leases.cap_seconds(trusted=trusted)
     if worker.capacity_limited:
@@ -153,7 +155,7 @@ def pop_generation(
     if request is None:
         if worker.maintenance:
             raise errors.WorkerMaintenance(worker.maintenance_reason or None)
-        return EmptyPop(skipped=_skipped(params, now))
+        return EmptyPop(skipped=_skipped(params, now), worker_id=worker.pk)
     request.queued -= request.take
     generations = [
         Generation(

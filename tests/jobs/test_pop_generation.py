@@ -14,6 +14,7 @@ from jobs.models import Generation, TextRequest
 from jobs.services import EmptyPop, pop, pop_generation
 from jobs.services.pop import RecentSkips
 from tests.conftest import give_kudos, multiply_rows
+from workers import messages
 from workers.models import Account, Worker
 
 POP = {
@@ -435,6 +436,8 @@ def test_an_idle_workers_empty_pops_reuse_their_skipped_counts_for_the_cache_sec
 ):
     settings.POP_SKIPPED_CACHE_SECONDS = 10
     monkeypatch.setattr(pop, "recent_skips", RecentSkips())  # no counts of another test's workers
+    # The workers' messages are read every 5 s (workers/messages.py): not within these counts.
+    monkeypatch.setattr(messages, "SNAPSHOT_SECONDS", 3600)
     time_machine.move_to("2026-01-01 00:00:00+00:00", tick=False)
     owner.pop("idle", models=["m1"])
     trusted_owner.pop("elsewhere", models=["m2"])  # m2 can be asked for

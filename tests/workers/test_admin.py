@@ -113,14 +113,17 @@ def test_the_migration_made_the_moderators_group_with_its_permissions(db):
     assert sorted(group.permissions.values_list("codename", flat=True)) == [
         "add_addresstimeout",
         "add_textmodel",
+        "add_workermessage",
         "award_kudos",
         "change_account",
         "change_addresstimeout",
         "change_hordemodes",
         "change_textmodel",
         "change_worker",
+        "change_workermessage",
         "delete_addresstimeout",
         "delete_textmodel",
+        "delete_workermessage",
         "view_account",
         "view_addresstimeout",
         "view_generation",
@@ -129,6 +132,7 @@ def test_the_migration_made_the_moderators_group_with_its_permissions(db):
         "view_textmodel",
         "view_textrequest",
         "view_worker",
+        "view_workermessage",
     ]
 
 
