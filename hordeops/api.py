@@ -35,6 +35,7 @@ def horde_error(message: str, rc: str, status: int, **extra: Any) -> Response:
 
 def horde_json(err: errors.DomainError) -> JsonResponse:
     """The envelope of a domain error as a plain Django answer, outside DRF, with its headers."""
+    metrics.count_refusal(err)
     return JsonResponse(
         horde_body(err.message, err.code, **err.extra),
         status=err.status,
@@ -92,6 +93,7 @@ def horde_exception_handler(exc: Exception, context: dict) -> Response | None:
         logger.error("service unavailable: %s %s", type(exc).__name__, sqlstate)
         exc = errors.ServiceUnavailable()  # with its headers, as every 503
     if isinstance(exc, errors.DomainError):
+        metrics.count_refusal(exc)
         response = horde_error(exc.message, exc.code, exc.status, **exc.extra)
         for name, value in errors.response_headers(exc, exc.status).items():
             response[name] = value
@@ -196,7 +198,7 @@ class RateLimitMiddleware(MiddlewareMixin):
             return None  # the usual call: two look-ups in this process's memory
         address = ratelimit.address_bucket(ratelimit.request_address(request))
         if memory.is_blocked(address, api_key, now):
-            return horde_json(errors.RateLimited(wait_seconds=1))
+            return horde_json(errors.RateLimited(wait_seconds=1, refusal="bad_keys"))
         if memory.is_bad(api_key, now):
             return self._bad_key(address, now) or horde_json(errors.InvalidAPIKey())
         return None
@@ -219,7 +221,7 @@ class RateLimitMiddleware(MiddlewareMixin):
         if not wait:
             return None
         ratelimit.key_memory.block(address, now + wait)
-        return horde_json(errors.RateLimited(wait_seconds=wait))
+        return horde_json(errors.RateLimited(wait_seconds=wait, refusal="bad_keys"))
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -125,6 +125,7 @@ class TooManyPrompts(DomainError):
     code = "TooManyPrompts"
     status = 429
     retry_after = 5
+    refusal = "waiting_requests"
 
     def __init__(self, *, count: int, limit: int) -> None:
         super().__init__(
@@ -139,8 +140,9 @@ class RateLimited(DomainError):
     code = "RateLimited"
     status = 429
 
-    def __init__(self, *, wait_seconds: float) -> None:
+    def __init__(self, *, wait_seconds: float, refusal: str = "rate_limit") -> None:
         self.retry_after = max(1, math.ceil(wait_seconds))
+        self.refusal = refusal  # which limit: `hordeops.metrics.REFUSAL_REASONS`
         super().__init__(f"Too many requests from this key or address: try again in {self.retry_after} s.")
 
 

@@ -80,7 +80,36 @@ TIMED_OUT_REFUSALS = HordeCounter(
     (),
     ((),),
 )
-COUNTERS = (LEASE_RENEWALS, STALE_ABORTS, POP_LEASE_CAPACITY_LIMITED, TIMED_OUT_REFUSALS)
+GIVE_BACKS = HordeCounter(
+    "horde_text_give_backs",
+    "Text generations a worker gave back (a submit with state faulted): restarted, and counted as aborts.",
+    ("trust",),
+    tuple((t,) for t in TRUST_LABELS),
+)
+# Why a call was answered 429: a requester route's key or address token bucket, an address's
+# bucket spent on bad keys at the worker routes, the kudos transfers' buckets, or the account's
+# bound of waiting requests (`errors.DomainError.refusal`).
+REFUSAL_REASONS = ("rate_limit", "bad_keys", "transfers", "waiting_requests")
+REFUSALS_429 = HordeCounter(
+    "horde_refusals_429",
+    "Calls answered 429, by reason: rate_limit, bad_keys, transfers, waiting_requests.",
+    ("reason",),
+    tuple((r,) for r in REFUSAL_REASONS),
+)
+COUNTERS = (
+    LEASE_RENEWALS,
+    STALE_ABORTS,
+    POP_LEASE_CAPACITY_LIMITED,
+    TIMED_OUT_REFUSALS,
+    GIVE_BACKS,
+    REFUSALS_429,
+)
+
+
+def count_refusal(err) -> None:
+    """Count a 429 by its reason (every error shape calls this as it answers a domain error)."""
+    if err.status == 429 and getattr(err, "refusal", None) in REFUSAL_REASONS:
+        increment_soon(REFUSALS_429, err.refusal, now=clock.now())
 
 
 def trust_label(trusted: bool) -> str:

@@ -7,10 +7,12 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         from hordeops import api, metrics
+        from jobs import metrics as queue_metrics
         from jobs.protocols import protocol_for_path
         from workers.moderation import account_suspended
 
         metrics.register()
+        queue_metrics.register()
         account_suspended.connect(_cancel_suspended_requests, dispatch_uid="jobs-cancel-suspended")
         # The /v1 routes answer errors in their protocol's shape, wherever the error is raised
         # (the body limits, the rate limits, a 404 under /v1/).

@@ -374,7 +374,7 @@ class KudosTransferView(APIView):
             ]
         )
         if wait:
-            raise errors.RateLimited(wait_seconds=wait)
+            raise errors.RateLimited(wait_seconds=wait, refusal="transfers")
         moved = services.transfer_kudos(
             source=account,
             username=data["username"],

@@ -22,7 +22,7 @@ from django.http import JsonResponse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from hordeops import errors
+from hordeops import errors, metrics
 
 MAX_REPLY_TOKENS = 16384
 DEFAULT_REPLY_TOKENS = 1024
@@ -192,4 +192,5 @@ class ChatProtocol:
 
     def error_response(self, err: errors.DomainError) -> JsonResponse:
         status = self.status_of(err)
+        metrics.count_refusal(err)
         return JsonResponse(self.error_body(err), status=status, headers=errors.response_headers(err, status))

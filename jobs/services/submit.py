@@ -10,7 +10,7 @@ from uuid import UUID
 
 from django.db import connection, transaction
 
-from hordeops import clock, errors
+from hordeops import clock, errors, metrics
 from jobs import claims, leases, relay, sql
 from jobs.models import Ending, Generation
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
@@ -156,10 +156,13 @@ def _give_back(generation: Generation, now: datetime) -> None:
             raise refusal(generation_id=generation.pk)
         restarts = restart_requests(counts=Counter([generation.request_id]), after_commit=Ending.GIVEN_BACK)
         count_aborts(counts=Counter([generation.worker_id]), now=now, given_back=True)
+        trust = metrics.trust_label(generation.worker.account.trusted)
         aborted = [AbortedJob(request_id=generation.request_id, generation_id=generation.pk)]
+
         # robust: committed, the give-back has happened, so it is not answered 503 if Redis
         # fails now; the lease left in Redis is dead anyway, as the row says (`refusal`).
-        transaction.on_commit(
-            lambda: relay_restarts(restarts=restarts, aborted=aborted),
-            robust=True,
-        )
+        def after_commit() -> None:
+            metrics.increment(metrics.GIVE_BACKS, trust, now=now)
+            relay_restarts(restarts=restarts, aborted=aborted)
+
+        transaction.on_commit(after_commit, robust=True)

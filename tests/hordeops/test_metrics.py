@@ -136,3 +136,61 @@ def test_a_forked_child_leaves_its_parents_pending_counts_to_the_parent(settings
     assert _stored(field) == before
     counts.flush()
     assert _stored(field) == before + 5
+
+
+def test_give_backs_and_429s_are_counted_by_trust_and_by_reason(
+    db, owner, requester, settings, django_capture_on_commit_callbacks
+):
+    before = scrape()
+    requester.request_text()
+    job = owner.pop("giver").json()
+    with django_capture_on_commit_callbacks(execute=True):  # counted once the give-back commits
+        assert owner.submit(job["id"], "", state="faulted").status_code == 200
+
+    # The account's bound of waiting requests, and a requester route's token bucket.
+    settings.ACCOUNT_MAX_WAITING_REQUESTS = 2  # the given-back request waits again: one more
+    assert requester.request_text().status_code == 202
+    assert requester.request_text().json()["rc"] == "TooManyPrompts"
+    settings.KEY_RATE_PER_SECOND, settings.KEY_RATE_BURST = 1, 1
+    requester.client.get("/api/v2/status/models", HTTP_APIKEY=requester.api_key)
+    limited = requester.client.get("/api/v2/status/models", HTTP_APIKEY=requester.api_key)
+    assert limited.status_code == 429
+    chat = requester.client.post(
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        format="json",
+        HTTP_AUTHORIZATION=f"Bearer {requester.api_key}",
+    )
+    assert chat.status_code == 429
+
+    after = scrape()
+
+    def added(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0)
+
+    assert added("horde_text_give_backs_total", trust="untrusted") == 1
+    assert added("horde_text_give_backs_total", trust="trusted") == 0
+    assert added("horde_refusals_429_total", reason="waiting_requests") == 1
+    assert added("horde_refusals_429_total", reason="rate_limit") == 2
+    assert added("horde_refusals_429_total", reason="bad_keys") == 0
+
+
+def test_the_queue_gauge_says_how_long_the_oldest_request_of_each_model_has_waited(
+    db, owner, requester, time_machine
+):
+    time_machine.move_to("2026-05-01 12:00:00+00:00", tick=False)
+    owner.pop("serving", models=["served-model"])
+    requester.request_text(models=["served-model"])
+    requester.request_text(models=["nobody-serves-this"])
+    time_machine.shift(30)
+    requester.request_text()  # any model
+    requester.request_text(models=["served-model"])
+    time_machine.shift(10)
+    samples = scrape()
+    oldest = {
+        dict(labels)["model"]: value
+        for (name, labels), value in samples.items()
+        if name == "horde_text_queue_oldest_seconds"
+    }
+    assert oldest == {"served-model": 40, "unserved": 40, "any": 10}
