@@ -3,8 +3,9 @@ waiting request of each model has waited.
 
 A request may name any model, so the models are labelled only where an online worker serves
 them; the oldest request for a model no online worker serves is `unserved`, and one that names
-no model is `any` (0 while none waits, so that the gauge is never empty). Each label set is the queue's own (`QueuedModel`, one row per waiting request
-and model it names): one aggregate statement per scrape.
+no model is `any` (0 while none waits, so that the gauge is never empty). Read from the queue's
+own table (`QueuedModel`, one row per waiting request and model it names): one aggregate
+statement per scrape.
 """
 
 from collections.abc import Iterator
