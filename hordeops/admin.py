@@ -52,10 +52,16 @@ class HordeAdminSite(admin.AdminSite):
         # Whoever may view generations (moderators, superusers) may see the whole horde's state.
         if not request.user.has_perm("jobs.view_generation"):
             raise PermissionDenied
+        snapshot = operations.snapshot(now=clock.now())
         context = {
             **self.each_context(request),
             "title": "Operations",
-            "operations": operations.snapshot(now=clock.now()),
+            "operations": snapshot,
+            "breakdown": [
+                ("by account", snapshot.by_account),
+                ("by model", snapshot.by_model),
+                ("by age", snapshot.by_age),
+            ],
             "chart_width": operations.CHART_WIDTH,
             "chart_height": operations.CHART_HEIGHT,
         }

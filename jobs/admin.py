@@ -1,12 +1,16 @@
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from django.contrib import admin
-from django.db.models import F
+from django.contrib import admin, messages
+from django.db.models import Count, F
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from jobs.models import Generation, SecondsAfter, TextRequest
+from jobs import activity, services
+from jobs.metrics import ANY_MODEL
+from jobs.models import Generation, QueuedModel, SecondsAfter, TextRequest
+from kudos.admin import KudosAccountAdmin  # registered first: the accounts list below extends it
+from workers.models import Account
 
 
 class LeaseFilter(admin.SimpleListFilter):
@@ -108,6 +112,53 @@ def _outcome(generation: Generation) -> str:
     return generation.get_state_display()
 
 
+class ModelFilter(admin.SimpleListFilter):
+    """The models waiting requests name most (a request names any model it likes: the list
+    offers the busiest), and requests that name none."""
+
+    title = "model"
+    parameter_name = "model"
+    SHOWN = 15
+
+    def lookups(self, request, model_admin):
+        busiest = (
+            QueuedModel.objects.exclude(model="")
+            .values("model")
+            .annotate(waiting=Count("*"))
+            .order_by("-waiting", "model")[: self.SHOWN]
+        )
+        return [(ANY_MODEL, "(any model)")] + [(row["model"], row["model"]) for row in busiest]
+
+    def queryset(self, request, queryset):
+        if self.value() == ANY_MODEL:
+            return queryset.filter(requested_models=[])
+        if self.value():
+            return queryset.filter(requested_models__contains=[self.value()])
+        return queryset
+
+
+class AgeFilter(admin.SimpleListFilter):
+    title = "age"
+    parameter_name = "age"
+    AGES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "1d": timedelta(days=1)}
+
+    def lookups(self, request, model_admin):
+        return (
+            ("5m", "Created in the last 5 minutes"),
+            ("1h", "In the last hour"),
+            ("1d", "In the last day"),
+            ("older", "Older than a day"),
+        )
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        if self.value() in self.AGES:
+            return queryset.filter(created_at__gte=now - self.AGES[self.value()])
+        if self.value() == "older":
+            return queryset.filter(created_at__lt=now - self.AGES["1d"])
+        return queryset
+
+
 @admin.register(TextRequest)
 class TextRequestAdmin(admin.ModelAdmin):
     list_display = (
@@ -116,7 +167,7 @@ class TextRequestAdmin(admin.ModelAdmin):
         "state",
         "ending",
         "models",
-        "account",
+        "account_link",
         "max_length",
         "n",
         "queued",
@@ -124,9 +175,12 @@ class TextRequestAdmin(admin.ModelAdmin):
         "restarts",
         "created",
     )
-    list_filter = ("kind", "state", "ending")
+    list_filter = ("kind", "state", ModelFilter, AgeFilter, "ending")
     list_select_related = ("account",)
-    search_fields = ("=id",)
+    # An id, or an account's name (exactly, as in its list): a spammer's requests at once.
+    search_fields = ("=id", "=account__name")
+    search_help_text = "A request's id, or an account's name."
+    actions = ("cancel",)
     # The prompt and messages are the requester's text: not shown to moderators.
     exclude = ("prompt", "messages")
     readonly_fields = (
@@ -168,6 +222,29 @@ class TextRequestAdmin(admin.ModelAdmin):
     @admin.display(description="id", ordering="id")
     def short_id(self, text_request: TextRequest) -> str:
         return _short_id(text_request.pk)
+
+    @admin.display(description="account", ordering="account__name")
+    def account_link(self, text_request: TextRequest) -> str:
+        # This list narrowed to the account's requests; its page is one click from there.
+        return format_html(
+            '<a href="?account__id__exact={}" title="Its requests only">{}</a>',
+            text_request.account_id,
+            text_request.account.name,
+        )
+
+    def has_cancel_permission(self, request) -> bool:
+        return request.user.has_perm("jobs.cancel_textrequest")
+
+    @admin.action(description="Cancel the selected requests", permissions=["cancel"])
+    def cancel(self, request, queryset) -> None:
+        # Listed first: a list filtered by state no longer matches them once cancelled.
+        chosen = list(queryset.filter(state=TextRequest.State.ACTIVE))
+        cancelled = services.cancel_requests(
+            requests=TextRequest.objects.filter(pk__in=[r.pk for r in chosen])
+        )
+        for text_request in chosen:
+            self.log_change(request, text_request, "Cancelled by a moderator.")
+        self.message_user(request, f"Cancelled {cancelled} request(s).", messages.SUCCESS)
 
     @admin.display(description="models")
     def models(self, text_request: TextRequest) -> str:
@@ -322,3 +399,59 @@ class GenerationAdmin(admin.ModelAdmin):
         left = max(0, int((generation.lease_expires_at - timezone.now()).total_seconds()))
         # The script counts down from the server's figure, so the browser's clock never matters.
         return format_html('<span class="lease-seconds-left" data-seconds-left="{}">{}</span>', left, left)
+
+
+# The accounts list, with what each account has been doing (`jobs.activity`): the kudos app's
+# list (itself the workers app's) extended, so that a moderator sorts accounts by their load.
+admin.site.unregister(Account)
+
+
+@admin.register(Account)
+class AccountActivityAdmin(KudosAccountAdmin):
+    list_display = (
+        "name",
+        "trusted",
+        "suspended",
+        "flagged",
+        "suspicion_count",
+        "requests_hour_shown",
+        "requests_day_shown",
+        "tokens_hour_shown",
+        "tokens_day_shown",
+        "given_back_shown",
+        "uncompleted_shown",
+        "kudos",
+        "waiting_requests_bound",
+    )
+
+    def get_queryset(self, request):
+        return activity.with_activity(super().get_queryset(request), now=timezone.now())
+
+    @admin.display(description="requests 1 h", ordering="requests_hour")
+    def requests_hour_shown(self, account: Account) -> str:
+        return self._requests_link(account, account.requests_hour, "1h")
+
+    @admin.display(description="requests 24 h", ordering="requests_day")
+    def requests_day_shown(self, account: Account) -> str:
+        return self._requests_link(account, account.requests_day, "1d")
+
+    @staticmethod
+    def _requests_link(account: Account, count: int, age: str) -> str:
+        url = reverse("admin:jobs_textrequest_changelist")
+        return format_html('<a href="{}?account__id__exact={}&age={}">{}</a>', url, account.pk, age, count)
+
+    @admin.display(description="tokens 1 h", ordering="tokens_hour")
+    def tokens_hour_shown(self, account: Account) -> int:
+        return account.tokens_hour
+
+    @admin.display(description="tokens 24 h", ordering="tokens_day")
+    def tokens_day_shown(self, account: Account) -> int:
+        return account.tokens_day
+
+    @admin.display(description="given back", ordering="given_back")
+    def given_back_shown(self, account: Account) -> int:
+        return account.given_back
+
+    @admin.display(description="uncompleted", ordering="uncompleted")
+    def uncompleted_shown(self, account: Account) -> int:
+        return account.uncompleted

@@ -64,7 +64,8 @@ class TextRequest(models.Model):
         EXPIRED = "expired", "Expired"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="requests")
+    # Indexed with its time (`request_by_account_recent`), which serves lookups by account too.
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="requests", db_index=False)
     kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.TEXT)
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     prompt = models.TextField()
@@ -135,7 +136,10 @@ class TextRequest(models.Model):
             models.Index(fields=["expires_at"], name="request_active_expiry", condition=Q(state="active")),
             # An account's waiting or running requests, counted against its bound.
             models.Index(fields=["account"], name="request_active_by_account", condition=Q(state="active")),
+            # An account's recent requests (the accounts list's activity, the requests by account).
+            models.Index(fields=["account", "created_at"], name="request_by_account_recent"),
         ]
+        permissions = [("cancel_textrequest", "Can cancel requests")]
         constraints = [
             models.CheckConstraint(condition=Q(n__gte=1) & Q(n__lte=20), name="request_n_1_20"),
             models.CheckConstraint(condition=Q(queued__lte=F("n")), name="request_queued_within_n"),

@@ -6,12 +6,14 @@ and Celery process adds to (`hordeops.metrics`). Reads only: nothing here change
 """
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from urllib.parse import quote
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Min, Q, Sum
 
 from hordeops import metrics
-from jobs.models import Generation, TextRequest
+from jobs.metrics import ANY_MODEL
+from jobs.models import Generation, QueuedModel, TextRequest
 from workers.metrics import capacity_limited_online
 from workers.models import Worker
 
@@ -74,11 +76,25 @@ class QueueDepth:
 
 
 @dataclass(frozen=True)
+class QueueShare:
+    """Waiting requests of one account, one model or one age: how many, their jobs, the oldest."""
+
+    label: str
+    requests: int
+    jobs: int
+    oldest_seconds: int
+    link: str  # the requests list's query string that shows them
+
+
+@dataclass(frozen=True)
 class Operations:
     now: datetime
     processing: int
     lapsed: int
     queue: list[QueueDepth]
+    by_account: list[QueueShare]
+    by_model: list[QueueShare]
+    by_age: list[QueueShare]
     workers_online: int
     capacity_limited_online: int
     series: list[Series]
@@ -102,6 +118,83 @@ def _series(label: str, counter: metrics.HordeCounter, counts: dict[str, list[in
     return Series(label=label, counts=per_minute, by_trust=by_trust)
 
 
+# How many accounts and models the breakdown names: the busiest.
+BREAKDOWN_ROWS = 10
+# Ages a waiting request falls in (upper bounds, seconds), the last open.
+AGE_BUCKETS = (
+    (60, "under a minute"),
+    (300, "1 to 5 minutes"),
+    (1200, "5 to 20 minutes"),
+    (None, "over 20 minutes"),
+)
+
+
+def _waited(now: datetime, oldest: datetime | None) -> int:
+    return 0 if oldest is None else max(0, int((now - oldest).total_seconds()))
+
+
+def queue_breakdown(*, now: datetime) -> tuple[list[QueueShare], list[QueueShare], list[QueueShare]]:
+    """The waiting requests by account and by model (the busiest, most requests first), and by
+    age: who and what fills the queue, and how long it has waited."""
+    waiting = TextRequest.objects.queued().order_by()
+    accounts = (
+        waiting.values("account_id", "account__name")
+        .annotate(requests=Count("pk"), jobs=Sum("queued"), oldest=Min("created_at"))
+        .order_by("-requests", "account__name")[:BREAKDOWN_ROWS]
+    )
+    by_account = [
+        QueueShare(
+            label=row["account__name"],
+            requests=row["requests"],
+            jobs=row["jobs"],
+            oldest_seconds=_waited(now, row["oldest"]),
+            link=f"account__id__exact={row['account_id']}&state__exact=active",
+        )
+        for row in accounts
+    ]
+    models = (
+        QueuedModel.objects.values("model")
+        .annotate(requests=Count("*"), oldest=Min("created_at"))
+        .order_by("-requests", "model")[:BREAKDOWN_ROWS]
+    )
+    by_model = [
+        QueueShare(
+            label=row["model"] or "(any model)",
+            requests=row["requests"],
+            jobs=0,
+            oldest_seconds=_waited(now, row["oldest"]),
+            link=f"model={quote(row['model'] or ANY_MODEL)}&state__exact=active",
+        )
+        for row in models
+    ]
+    # Every age in one statement: a count, the jobs and the oldest of each bucket.
+    buckets, younger_than = {}, None
+    for n, (bound, _) in enumerate(AGE_BUCKETS):
+        within = Q()
+        if bound is not None:
+            within &= Q(created_at__gt=now - timedelta(seconds=bound))
+        if younger_than is not None:
+            within &= Q(created_at__lte=now - timedelta(seconds=younger_than))
+        buckets |= {
+            f"requests_{n}": Count("pk", filter=within),
+            f"jobs_{n}": Sum("queued", filter=within),
+            f"oldest_{n}": Min("created_at", filter=within),
+        }
+        younger_than = bound
+    totals = waiting.aggregate(**buckets)
+    by_age = [
+        QueueShare(
+            label=label,
+            requests=totals[f"requests_{n}"],
+            jobs=totals[f"jobs_{n}"] or 0,
+            oldest_seconds=_waited(now, totals[f"oldest_{n}"]),
+            link="state__exact=active",
+        )
+        for n, (_, label) in enumerate(AGE_BUCKETS)
+    ]
+    return by_account, by_model, by_age
+
+
 def snapshot(*, now: datetime) -> Operations:
     queued = {
         row["kind"]: row
@@ -111,6 +204,7 @@ def snapshot(*, now: datetime) -> Operations:
         .annotate(requests=Count("pk"), jobs=Sum("queued"))
     }
     counts = metrics.per_minute(now=now, minutes=MINUTES)
+    by_account, by_model, by_age = queue_breakdown(now=now)
     return Operations(
         now=now,
         processing=Generation.objects.processing().count(),
@@ -123,6 +217,9 @@ def snapshot(*, now: datetime) -> Operations:
             )
             for kind, label in TextRequest.Kind.choices
         ],
+        by_account=by_account,
+        by_model=by_model,
+        by_age=by_age,
         workers_online=Worker.objects.online(now).count(),
         capacity_limited_online=capacity_limited_online(now=now),
         series=[
@@ -130,6 +227,9 @@ def snapshot(*, now: datetime) -> Operations:
             _series("Progress held at the cap", metrics.LEASE_RENEWALS, counts, outcome="at_cap"),
             _series("Stale aborts", metrics.STALE_ABORTS, counts),
             _series("Capacity-limited pops", metrics.POP_LEASE_CAPACITY_LIMITED, counts),
+            _series("Give-backs", metrics.GIVE_BACKS, counts),
+            _series("429s (every reason)", metrics.REFUSALS_429, counts),
+            _series("Timed-out addresses refused", metrics.TIMED_OUT_REFUSALS, counts),
         ],
         counting_since=datetime.fromtimestamp(metrics.counting_since(now=now), tz=UTC),
     )

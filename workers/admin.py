@@ -243,13 +243,11 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "speed_shown",
         "capacity_shown",
         "max_length",
-        "limited",
         "chat",
-        "online",
         "last_seen",
         "jobs_done",
-        "given_back",
-        "uncompleted_jobs",
+        "given_back_shown",
+        "uncompleted_shown",
         "maintenance",
         "aborts_last_hour",
         "agent",
@@ -325,15 +323,27 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
 
     @admin.display(description="speed (t/s)", ordering="speed")
     def speed_shown(self, worker: Worker) -> str:
-        return "unmeasured" if worker.speed is None else f"{worker.speed:.1f}"
+        # "new", in full on hover: the column stays as narrow as its figures.
+        if worker.speed is None:
+            return format_html('<span title="unmeasured">new</span>')
+        return f"{worker.speed:.1f}"
 
-    @admin.display(description="capacity")
-    def capacity_shown(self, worker: Worker) -> int:
-        return worker.capacity
+    @admin.display(description="capacity (limited)")
+    def capacity_shown(self, worker: Worker) -> str:
+        # Capacity-limited: a chat worker declaring more max_length than it can produce.
+        return (
+            format_html("{} <b>limited</b>", worker.capacity)
+            if worker.capacity_limited
+            else str(worker.capacity)
+        )
 
-    @admin.display(description="online", boolean=True)
-    def online(self, worker: Worker) -> bool:
-        return worker.is_online(timezone.now())
+    @admin.display(description="given back", ordering="given_back")
+    def given_back_shown(self, worker: Worker) -> int:
+        return worker.given_back
+
+    @admin.display(description="uncompleted", ordering="uncompleted_jobs")
+    def uncompleted_shown(self, worker: Worker) -> int:
+        return worker.uncompleted_jobs
 
     @admin.display(description="jobs done", ordering="completed_jobs")
     def jobs_done(self, worker: Worker) -> int:
@@ -343,27 +353,24 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     def models(self, worker: Worker) -> str:
         return ", ".join(worker.served_models) or "-"
 
-    @admin.display(description="limited", boolean=True)
-    def limited(self, worker: Worker) -> bool:
-        """Capacity-limited: a chat worker declaring more max_length than its capacity."""
-        return worker.capacity_limited
-
-    @admin.display(description="last seen (UTC)", ordering="last_pop_at")
+    @admin.display(description="last seen (UTC), online", ordering="last_pop_at")
     def last_seen(self, worker: Worker) -> str:
-        return (
-            "-"
-            if worker.last_pop_at is None
-            else worker.last_pop_at.astimezone(UTC).strftime("%m-%d %H:%M:%S")
-        )
+        if worker.last_pop_at is None:
+            return "-"
+        seen = worker.last_pop_at.astimezone(UTC).strftime("%m-%d %H:%M:%S")
+        if not worker.is_online(timezone.now()):
+            return seen
+        return format_html('{} <span title="online">●</span>', seen)
 
     @admin.display(description="bridge agent", ordering="bridge_agent")
     def agent(self, worker: Worker) -> str:
         # name:version:url: the url is long and the same for most; whole on hover.
         name, _, rest = worker.bridge_agent.partition(":")
         version = rest.partition(":")[0]
-        return format_html(
-            '<span title="{}">{}</span>', worker.bridge_agent, f"{name}:{version}" if version else name
-        )
+        if not version:
+            return format_html('<span title="{}">{}</span>', worker.bridge_agent, name)
+        # It may wrap after its colon, not inside its name.
+        return format_html('<span title="{}">{}:<wbr>{}</span>', worker.bridge_agent, name, version)
 
     @admin.display(description="aborts (1 h)")
     def aborts_last_hour(self, worker: Worker) -> int:

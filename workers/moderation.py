@@ -25,6 +25,7 @@ PERMISSIONS = (
     ("workers", "change_workermessage"),
     ("workers", "delete_workermessage"),
     ("jobs", "view_textrequest"),
+    ("jobs", "cancel_textrequest"),
     ("jobs", "view_generation"),
     ("kudos", "view_posting"),
     ("kudos", "view_textmodel"),

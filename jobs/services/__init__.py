@@ -15,6 +15,7 @@ from jobs.services.endings import (
     cancel_account_requests,
     cancel_deferred,
     cancel_request,
+    cancel_requests,
     current_request,
     defer_cancellations,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "abort_stale_generations",
     "cancel_deferred",
     "cancel_account_requests",
+    "cancel_requests",
     "cancel_request",
     "current_request",
     "defer_cancellations",

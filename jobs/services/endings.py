@@ -28,12 +28,15 @@ logger = logging.getLogger(__name__)
 def cancel_account_requests(*, account_id: int, now: datetime | None = None) -> int:
     """Cancel every open request of the account (a suspension's), each as its requester's
     cancellation would; return how many were cancelled."""
+    return cancel_requests(requests=TextRequest.objects.filter(account_id=account_id), now=now)
+
+
+def cancel_requests(*, requests, now: datetime | None = None) -> int:
+    """Cancel the open requests among `requests` (a moderator's bulk cancellation, a
+    suspension's), each in its own transaction as its requester's cancellation would be, so
+    that a stream waiting on one ends with its error event; return how many were cancelled."""
     now = now or clock.now()
-    open_ids = list(
-        TextRequest.objects.filter(account_id=account_id, state=TextRequest.State.ACTIVE).values_list(
-            "pk", flat=True
-        )
-    )
+    open_ids = list(requests.filter(state=TextRequest.State.ACTIVE).values_list("pk", flat=True))
     cancelled = 0
     for request_id in open_ids:
         if cancel_request(request_id=request_id, now=now).state == TextRequest.State.CANCELLED:

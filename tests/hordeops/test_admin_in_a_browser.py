@@ -66,8 +66,8 @@ def log_in(page: Page, base_url: str, next_path: str) -> None:
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Log in").click()
     expect(page).to_have_url(re.compile(re.escape(next_path) + "$"))
-    # Folded away, the navigation sidebar leaves the lists their width (remembered by the page).
-    page.locator("#toggle-nav-sidebar").click()
+    # The navigation sidebar stays open, as Django shows it first: every list must fit beside it.
+    expect(page.locator("#nav-sidebar")).to_be_visible()
 
 
 @pytest.fixture
@@ -168,14 +168,14 @@ def test_the_operations_page_and_the_worker_list_render_in_the_browser(
     with chromium() as page:
         log_in(page, base_url, "/admin/operations/")
         expect(page.locator("#ops-processing .value")).to_have_text(re.compile(r"^\d+$"))
-        expect(page.locator("svg.ops-chart")).to_have_count(4)
+        expect(page.locator("svg.ops-chart")).to_have_count(7)
         renewal_bars = page.locator("svg.ops-chart").first.locator("rect").count()
         # The admin's stylesheet came through the stack's own static handler.
         assert page.evaluate("getComputedStyle(document.querySelector('#header')).display") == "flex"
         processing = int(page.locator("#ops-processing .value").inner_text())
         screenshot(page, "operations")
         page.goto(f"{base_url}/admin/workers/worker/")
-        expect(page.locator("#result_list")).to_contain_text("unmeasured")
+        expect(page.locator('#result_list span[title="unmeasured"]').first).to_have_text("new")
         screenshot(page, "workers", full_page=False)  # the first screen of 100 rows
 
     assert processing == 400 // 50
@@ -184,9 +184,34 @@ def test_the_operations_page_and_the_worker_list_render_in_the_browser(
 
 # Every list a moderator reads, with the columns each must show, and each list's first detail.
 LISTS = {
-    "/admin/workers/account/": ["name", "trusted"],
-    "/admin/workers/worker/": ["models", "capacity", "limited", "last seen", "jobs done", "bridge agent"],
-    "/admin/jobs/textrequest/": ["id", "models", "ending", "state", "created"],
+    "/admin/workers/account/": [
+        "name",
+        "trusted",
+        "suspended",
+        "flagged",
+        "suspicions",
+        "requests 1 h",
+        "requests 24 h",
+        "tokens 1 h",
+        "tokens 24 h",
+        "given back",
+        "uncompleted",
+        "kudos",
+    ],
+    "/admin/workers/worker/": [
+        "models",
+        "capacity",
+        "limited",
+        "last seen",
+        "online",
+        "jobs done",
+        "given back",
+        "uncompleted",
+        "maintenance",
+        "aborts (1 h)",
+        "bridge agent",
+    ],
+    "/admin/jobs/textrequest/": ["id", "models", "account", "ending", "state", "created"],
     "/admin/jobs/generation/": ["left (s)", "lease end", "capacity", "tier", "limited"],
 }
 
@@ -246,7 +271,7 @@ def test_a_moderator_walks_every_list_and_detail_page_with_nothing_clipped_or_sp
     split: dict[str, list[str]] = {}
     suffix = "" if viewport == VIEWPORT else f"_{viewport['width']}"
     with chromium(viewport) as page:
-        log_in(page, base_url, "/admin/workers/account/")  # a list: its sidebar folded away
+        log_in(page, base_url, "/admin/workers/account/")
         for path, columns in LISTS.items():
             page.goto(base_url + path)
             headers = [h.strip().lower() for h in page.locator("#result_list thead th").all_inner_texts()]

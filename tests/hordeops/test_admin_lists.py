@@ -9,17 +9,18 @@ import pytest
 from bench.fill import fill
 
 # Each page's queries: the session, the user, the count, the page of rows (related rows
-# joined) and the filters' own; the operations page's counts and the admin index.
+# joined) and the filters' own (the requests' busiest models); the operations page's counts,
+# its queue breakdown (by account, by model, by age) and the admin index.
 PAGES = {
     "/admin/": 5,
-    "/admin/operations/": 9,
+    "/admin/operations/": 12,
     "/admin/workers/account/": 6,
     "/admin/workers/account/?trusted__exact=1": 6,
     "/admin/workers/worker/": 6,
     "/admin/workers/worker/?maintenance__exact=1": 6,
     "/admin/workers/worker/?capacity=limited": 6,
-    "/admin/jobs/textrequest/": 6,
-    "/admin/jobs/textrequest/?kind__exact=chat&state__exact=active": 6,
+    "/admin/jobs/textrequest/": 7,
+    "/admin/jobs/textrequest/?kind__exact=chat&state__exact=active": 7,
     "/admin/jobs/generation/": 7,
     "/admin/jobs/generation/?lease=live": 7,
     "/admin/jobs/generation/?lease=lapsed": 7,

@@ -115,6 +115,7 @@ def test_the_migration_made_the_moderators_group_with_its_permissions(db):
         "add_textmodel",
         "add_workermessage",
         "award_kudos",
+        "cancel_textrequest",
         "change_account",
         "change_addresstimeout",
         "change_hordemodes",
