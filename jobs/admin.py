@@ -6,6 +6,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from hordeops.moderation_forms import with_reason
 from jobs import activity, services
 from jobs.metrics import ANY_MODEL
 from jobs.models import Generation, QueuedModel, SecondsAfter, TextRequest
@@ -236,15 +237,26 @@ class TextRequestAdmin(admin.ModelAdmin):
         return request.user.has_perm("jobs.cancel_textrequest")
 
     @admin.action(description="Cancel the selected requests", permissions=["cancel"])
-    def cancel(self, request, queryset) -> None:
-        # Listed first: a list filtered by state no longer matches them once cancelled.
-        chosen = list(queryset.filter(state=TextRequest.State.ACTIVE))
-        cancelled = services.cancel_requests(
-            requests=TextRequest.objects.filter(pk__in=[r.pk for r in chosen])
+    def cancel(self, request, queryset):
+        def act(reason: str) -> None:
+            # Listed first: a list filtered by state no longer matches them once cancelled.
+            chosen = list(queryset.filter(state=TextRequest.State.ACTIVE))
+            cancelled = services.cancel_requests(
+                requests=TextRequest.objects.filter(pk__in=[r.pk for r in chosen])
+            )
+            for text_request in chosen:
+                self.log_change(request, text_request, f"Cancelled by a moderator: {reason}")
+            self.message_user(request, f"Cancelled {cancelled} request(s).", messages.SUCCESS)
+
+        return with_reason(
+            self,
+            request,
+            queryset.filter(state=TextRequest.State.ACTIVE),
+            title="Cancel requests",
+            consequence="Their queued jobs are dropped and those in workers' hands cancelled; a requester "
+            "waiting on a stream gets its error event.",
+            act=act,
         )
-        for text_request in chosen:
-            self.log_change(request, text_request, "Cancelled by a moderator.")
-        self.message_user(request, f"Cancelled {cancelled} request(s).", messages.SUCCESS)
 
     @admin.display(description="models")
     def models(self, text_request: TextRequest) -> str:

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from hordeops import clock, timeouts
+from hordeops.moderation_forms import with_reason
 from workers import services, suspicion
 from workers.models import (
     MAX_TIMEOUT_HOURS,
@@ -142,12 +143,25 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     @admin.action(
         description="Clear the selected accounts' suspicions (lifts the flag)", permissions=["change"]
     )
-    def clear_suspicion(self, request, queryset) -> None:
-        clearing = list(queryset.filter(suspicions__isnull=False).distinct())
-        suspicion.clear(accounts=queryset)
-        for account in clearing:
-            self.log_change(request, account, "Suspicions cleared: its workers are offered jobs again.")
-        self.message_user(request, f"Cleared {len(clearing)} account(s)' suspicions.", messages.SUCCESS)
+    def clear_suspicion(self, request, queryset):
+        def act(reason: str) -> None:
+            clearing = list(queryset.filter(suspicions__isnull=False).distinct())
+            suspicion.clear(accounts=queryset)
+            for account in clearing:
+                self.log_change(
+                    request, account, f"Suspicions cleared (its workers offered jobs again): {reason}"
+                )
+            self.message_user(request, f"Cleared {len(clearing)} account(s)' suspicions.", messages.SUCCESS)
+
+        return with_reason(
+            self,
+            request,
+            queryset,
+            title="Clear suspicions",
+            consequence="Their suspicions are forgotten and the flag lifted: their workers are offered "
+            "jobs again.",
+            act=act,
+        )
 
     def save_model(self, request, obj: Account, form, change) -> None:
         # A reason written here suspends the account (its key refused, its requests cancelled:
@@ -192,33 +206,58 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         description="Suspend the selected accounts (keys refused, open requests cancelled)",
         permissions=["change"],
     )
-    def suspend(self, request, queryset) -> None:
-        reason = f"Suspended by {request.user}."
-        suspended = services.suspend_accounts(accounts=queryset, reason=reason, now=timezone.now())
-        for account in suspended:
-            self.log_change(request, account, f"Suspended: {reason} Its open requests were cancelled.")
-        self.message_user(
+    def suspend(self, request, queryset):
+        def act(reason: str) -> None:
+            suspended = services.suspend_accounts(accounts=queryset, reason=reason, now=timezone.now())
+            for account in suspended:
+                self.log_change(request, account, f"Suspended (open requests cancelled): {reason}")
+            self.message_user(request, f"Suspended {len(suspended)} account(s).", messages.SUCCESS)
+
+        return with_reason(
+            self,
             request,
-            f"Suspended {len(suspended)} account(s). Write a reason on each account's page: "
-            "its owner is shown it.",
-            messages.SUCCESS,
+            queryset,
+            title="Suspend accounts",
+            consequence="Their keys will be refused everywhere, with your reason, and their open requests "
+            "cancelled.",
+            act=act,
         )
 
     @admin.action(description="Lift the selected accounts' suspension", permissions=["change"])
-    def lift_suspension(self, request, queryset) -> None:
-        lifting = list(queryset.exclude(suspended_at=None))
-        services.lift_suspensions(accounts=queryset)
-        for account in lifting:
-            self.log_change(request, account, "Suspension lifted.")
-        self.message_user(request, f"Lifted {len(lifting)} suspension(s).", messages.SUCCESS)
+    def lift_suspension(self, request, queryset):
+        def act(reason: str) -> None:
+            lifting = list(queryset.exclude(suspended_at=None))
+            services.lift_suspensions(accounts=queryset)
+            for account in lifting:
+                self.log_change(request, account, f"Suspension lifted: {reason}")
+            self.message_user(request, f"Lifted {len(lifting)} suspension(s).", messages.SUCCESS)
+
+        return with_reason(
+            self,
+            request,
+            queryset,
+            title="Lift suspensions",
+            consequence="Their keys will work again.",
+            act=act,
+        )
 
     @admin.action(description="Reset the selected accounts' API keys", permissions=["change"])
-    def reset_key(self, request, queryset) -> None:
-        for account in list(queryset):
-            api_key = services.reset_api_key(account=account)
-            self.log_change(request, account, "API key reset: the old key no longer works.")
-            # Shown once, here: only the hash is stored. Give it to the owner privately.
-            self.message_user(request, f"New API key of {account.name}: {api_key}", messages.WARNING)
+    def reset_key(self, request, queryset):
+        def act(reason: str) -> None:
+            for account in list(queryset):
+                api_key = services.reset_api_key(account=account)
+                self.log_change(request, account, f"API key reset (the old key no longer works): {reason}")
+                # Shown once, here: only the hash is stored. Give it to the owner privately.
+                self.message_user(request, f"New API key of {account.name}: {api_key}", messages.WARNING)
+
+        return with_reason(
+            self,
+            request,
+            queryset,
+            title="Reset API keys",
+            consequence="Their keys stop working at once; each new key is shown once, on the next page.",
+            act=act,
+        )
 
 
 class CapacityFilter(admin.SimpleListFilter):
@@ -377,39 +416,72 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         return worker.aborts_in_window(timezone.now())
 
     @admin.action(description="Put the selected workers into maintenance", permissions=["change"])
-    def enter_maintenance(self, request, queryset) -> None:
-        # Listed before the update: a list filtered by maintenance no longer matches them after.
-        workers = list(queryset)
-        changed = services.set_maintenance(
-            workers=queryset, maintenance=True, reason=f"Set by {request.user}.", by_moderator=True
+    def enter_maintenance(self, request, queryset):
+        def act(reason: str) -> None:
+            # Listed before the update: a list filtered by maintenance no longer matches them after.
+            workers = list(queryset)
+            changed = services.set_maintenance(
+                workers=Worker.objects.filter(pk__in=[w.pk for w in workers]),
+                maintenance=True,
+                reason=reason,
+                by_moderator=True,
+            )
+            for worker in workers:
+                self.log_change(request, worker, f"Put into maintenance (its owner cannot lift it): {reason}")
+            self.message_user(request, f"{changed} worker(s) in maintenance.", messages.SUCCESS)
+
+        return with_reason(
+            self,
+            request,
+            queryset,
+            title="Put workers into maintenance",
+            consequence="They will serve only their owner's requests, and their pops will say your reason; "
+            "their owners cannot lift it.",
+            act=act,
         )
-        for worker in workers:
-            self.log_change(request, worker, "Put into maintenance (binding: its owner cannot lift it).")
-        self.message_user(request, f"{changed} worker(s) in maintenance.", messages.SUCCESS)
 
     @admin.action(description="Take the selected workers out of maintenance", permissions=["change"])
-    def leave_maintenance(self, request, queryset) -> None:
-        workers = list(queryset)
-        changed = services.set_maintenance(workers=queryset, maintenance=False)
-        for worker in workers:
-            self.log_change(request, worker, "Taken out of maintenance.")
-        self.message_user(request, f"{changed} worker(s) out of maintenance.", messages.SUCCESS)
+    def leave_maintenance(self, request, queryset):
+        def act(reason: str) -> None:
+            workers = list(queryset)
+            changed = services.set_maintenance(
+                workers=Worker.objects.filter(pk__in=[w.pk for w in workers]), maintenance=False
+            )
+            for worker in workers:
+                self.log_change(request, worker, f"Taken out of maintenance: {reason}")
+            self.message_user(request, f"{changed} worker(s) out of maintenance.", messages.SUCCESS)
 
-    def _set_paused(self, request, queryset, paused: bool) -> None:
-        workers = list(queryset.exclude(paused=paused))
-        services.set_paused(workers=Worker.objects.filter(pk__in=[w.pk for w in workers]), paused=paused)
-        word = "Paused (offered no jobs until a moderator unpauses it)." if paused else "Unpaused."
-        for worker in workers:
-            self.log_change(request, worker, word)
-        self.message_user(request, f"{word.split(' ')[0]} {len(workers)} worker(s).", messages.SUCCESS)
+        return with_reason(
+            self,
+            request,
+            queryset,
+            title="Take workers out of maintenance",
+            consequence="They will be offered jobs again, their abort count started afresh.",
+            act=act,
+        )
+
+    def _set_paused(self, request, queryset, paused: bool):
+        def act(reason: str) -> None:
+            workers = list(queryset.exclude(paused=paused))
+            services.set_paused(workers=Worker.objects.filter(pk__in=[w.pk for w in workers]), paused=paused)
+            word = "Paused (offered no jobs until a moderator unpauses it)" if paused else "Unpaused"
+            for worker in workers:
+                self.log_change(request, worker, f"{word}: {reason}")
+            self.message_user(request, f"{word.split(' ')[0]} {len(workers)} worker(s).", messages.SUCCESS)
+
+        if paused:
+            title, consequence = "Pause workers", "They keep popping and are offered no jobs, until unpaused."
+        else:
+            title, consequence = "Unpause workers", "They will be offered jobs again."
+        return with_reason(self, request, queryset, title=title, consequence=consequence, act=act)
 
     @admin.action(description="Pause the selected workers (offered no jobs)", permissions=["change"])
-    def pause(self, request, queryset) -> None:
-        self._set_paused(request, queryset, True)
+    def pause(self, request, queryset):
+        return self._set_paused(request, queryset, True)
 
     @admin.action(description="Unpause the selected workers", permissions=["change"])
-    def unpause(self, request, queryset) -> None:
-        self._set_paused(request, queryset, False)
+    def unpause(self, request, queryset):
+        return self._set_paused(request, queryset, False)
 
 
 @admin.register(HordeModes)

@@ -39,7 +39,7 @@ def test_requests_are_found_by_account_model_state_and_age_and_cancelled_in_bulk
 
     answer = moderator.post(
         f"{REQUESTS}?q=spammer&state__exact=active",
-        {"action": "cancel", "_selected_action": [*flood, old]},
+        {"action": "cancel", "reason": "Seen flooding.", "_selected_action": [*flood, old]},
     )
     assert answer.status_code == 302
     states = {str(pk): state for pk, state in TextRequest.objects.values_list("id", "state")}
@@ -47,7 +47,7 @@ def test_requests_are_found_by_account_model_state_and_age_and_cancelled_in_bulk
     assert states[old] == "expired"  # past its life: the cancellation expires it, as the stale pass would
     assert states[mine] == "active"
     assert spammer.status(flood[0]).json()["faulted"] is False  # the requester sees it ended
-    assert LogEntry.objects.filter(change_message="Cancelled by a moderator.").count() == 5
+    assert LogEntry.objects.filter(change_message="Cancelled by a moderator: Seen flooding.").count() == 5
 
 
 def test_the_accounts_list_shows_each_accounts_activity_and_sorts_by_it(clock, moderator, make_caller, owner):

@@ -18,7 +18,10 @@ def test_a_suspended_accounts_key_is_refused_everywhere_and_its_open_requests_ca
     moderator, requester, owner
 ):
     waiting = [requester.request_text().json()["id"] for _ in range(3)]
-    moderator.post(ACCOUNTS, {"action": "suspend", "_selected_action": [requester.account.pk]})
+    moderator.post(
+        ACCOUNTS,
+        {"action": "suspend", "reason": "Seen flooding.", "_selected_action": [requester.account.pk]},
+    )
 
     assert set(TextRequest.objects.filter(pk__in=waiting).values_list("state", flat=True)) == {"cancelled"}
     found = requester.client.get("/api/v2/find_user", HTTP_APIKEY=requester.api_key)
@@ -31,7 +34,10 @@ def test_a_suspended_accounts_key_is_refused_everywhere_and_its_open_requests_ca
         object_id=str(requester.account.pk), change_message__contains="Suspended"
     ).exists()
 
-    moderator.post(ACCOUNTS, {"action": "lift_suspension", "_selected_action": [requester.account.pk]})
+    moderator.post(
+        ACCOUNTS,
+        {"action": "lift_suspension", "reason": "Seen flooding.", "_selected_action": [requester.account.pk]},
+    )
     assert requester.request_text().status_code == 202
 
 
@@ -40,7 +46,9 @@ def test_a_suspended_owners_worker_cannot_submit_what_it_holds_nor_stay_online(
 ):
     requester.request_text()
     job = owner.pop("held").json()
-    moderator.post(ACCOUNTS, {"action": "suspend", "_selected_action": [owner.account.pk]})
+    moderator.post(
+        ACCOUNTS, {"action": "suspend", "reason": "Seen flooding.", "_selected_action": [owner.account.pk]}
+    )
     assert _refusal(owner.submit(job["id"], "The end.")) == (403, "AccountSuspended")
     seen = Worker.objects.get(name="held").last_pop_at
     clock.shift(600)
@@ -67,7 +75,9 @@ def test_a_reason_written_on_the_accounts_page_suspends_it_and_its_owner_reads_i
 
 def test_a_key_reset_refuses_the_old_key_and_shows_the_new_one_once(moderator, requester):
     answer = moderator.post(
-        ACCOUNTS, {"action": "reset_key", "_selected_action": [requester.account.pk]}, follow=True
+        ACCOUNTS,
+        {"action": "reset_key", "reason": "Seen flooding.", "_selected_action": [requester.account.pk]},
+        follow=True,
     )
     shown = [str(m) for m in answer.context["messages"] if "New API key" in str(m)]
     assert len(shown) == 1

@@ -67,11 +67,17 @@ def test_a_moderator_changes_only_trust_the_deadline_limit_and_the_waiting_bound
 def test_maintenance_actions_enter_and_leave_with_a_reason_and_a_log(moderator, owner):
     owner.pop("w")
     worker = Worker.objects.get(name="w")
-    moderator.post("/admin/workers/worker/", {"action": "enter_maintenance", "_selected_action": [worker.pk]})
+    moderator.post(
+        "/admin/workers/worker/",
+        {"action": "enter_maintenance", "reason": "Seen flooding.", "_selected_action": [worker.pk]},
+    )
     worker.refresh_from_db()
-    assert worker.maintenance is True and "mod" in worker.maintenance_reason
+    assert (worker.maintenance, worker.maintenance_reason) == (True, "Seen flooding.")
     assert owner.pop("w").status_code == 403  # WorkerMaintenance: nothing of its own waits
-    moderator.post("/admin/workers/worker/", {"action": "leave_maintenance", "_selected_action": [worker.pk]})
+    moderator.post(
+        "/admin/workers/worker/",
+        {"action": "leave_maintenance", "reason": "Seen flooding.", "_selected_action": [worker.pk]},
+    )
     worker.refresh_from_db()
     assert (worker.maintenance, worker.maintenance_reason) == (False, "")
     assert LogEntry.objects.filter(object_id=str(worker.pk)).count() == 2
@@ -84,15 +90,15 @@ def test_maintenance_from_a_list_filtered_by_maintenance_is_logged_and_binds(mod
     selected = [worker.pk for worker in workers]
     moderator.post(
         "/admin/workers/worker/?maintenance__exact=0",
-        {"action": "enter_maintenance", "_selected_action": selected},
+        {"action": "enter_maintenance", "reason": "Seen flooding.", "_selected_action": selected},
     )
     moderator.post(
         "/admin/workers/worker/?maintenance__exact=1",
-        {"action": "leave_maintenance", "_selected_action": selected},
+        {"action": "leave_maintenance", "reason": "Seen flooding.", "_selected_action": selected},
     )
     moderator.post(
         "/admin/workers/worker/?maintenance__exact=0",
-        {"action": "enter_maintenance", "_selected_action": selected},
+        {"action": "enter_maintenance", "reason": "Seen flooding.", "_selected_action": selected},
     )
     for worker in workers:
         assert LogEntry.objects.filter(object_id=str(worker.pk)).count() == 3
@@ -155,3 +161,30 @@ def test_the_generation_list_shows_live_leases_and_filters_live_lapsed_and_abort
         html = moderator.get(f"/admin/jobs/generation/?lease={lease}").content.decode()
         assert expected in html, lease
         assert all(other not in html for other in ids if other != expected), lease
+
+
+def test_a_binding_list_action_asks_for_a_reason_first_and_logs_it(moderator, owner):
+    owner.pop("w")
+    worker = Worker.objects.get(name="w")
+    asked = moderator.post("/admin/workers/worker/", {"action": "pause", "_selected_action": [worker.pk]})
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert "Pause workers" in page and 'name="reason"' in page and ">w<" in page
+    assert Worker.objects.get(pk=worker.pk).paused is False  # nothing done yet
+    empty = moderator.post(
+        "/admin/workers/worker/", {"action": "pause", "reason": "", "_selected_action": [worker.pk]}
+    )
+    assert "This field is required." in empty.content.decode()
+    assert Worker.objects.get(pk=worker.pk).paused is False
+
+    done = moderator.post(
+        "/admin/workers/worker/",
+        {"action": "pause", "reason": "Replies are gibberish.", "_selected_action": [worker.pk]},
+    )
+    assert done.status_code == 302
+    assert Worker.objects.get(pk=worker.pk).paused is True
+    [entry] = LogEntry.objects.filter(object_id=str(worker.pk))
+    assert (
+        entry.change_message
+        == "Paused (offered no jobs until a moderator unpauses it): Replies are gibberish."
+    )
