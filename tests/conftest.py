@@ -220,6 +220,10 @@ def moderator(db, client):
     return client
 
 
+# What the account's admin page posts for its read-only suspicions (an inline: a formset).
+ACCOUNT_PAGE_INLINES = {"suspicions-TOTAL_FORMS": "0", "suspicions-INITIAL_FORMS": "0"}
+
+
 @pytest.fixture
 def plain_staff(db, client):
     """A Django test client logged in as staff outside the Moderators group."""

@@ -20,6 +20,7 @@ PERMISSIONS = (
     ("workers", "add_addresstimeout"),
     ("workers", "change_addresstimeout"),
     ("workers", "delete_addresstimeout"),
+    ("workers", "view_suspicion"),
     ("workers", "view_workermessage"),
     ("workers", "add_workermessage"),
     ("workers", "change_workermessage"),

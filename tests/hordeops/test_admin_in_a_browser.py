@@ -25,6 +25,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from bench.fill import fill
 from hordeops import metrics
+from jobs.models import TextRequest
 from tests.conftest import queue_chat
 from tests.live import ROOT, LiveStack
 from workers.models import Account
@@ -310,3 +311,67 @@ def test_a_moderator_walks_every_list_and_detail_page_with_nothing_clipped_or_sp
     assert "Job ttl" not in generation_page
     assert view_site == 0 and icon == 1
     assert "Requests" in sections and "Text requests" not in sections
+
+
+def test_a_moderator_stops_a_raid_from_the_admin_each_step_with_its_reason(
+    live_stack: LiveStack, moderator_user, make_caller
+):
+    from hordeops import timeouts
+    from workers.models import AddressTimeout, HordeModes, Suspicion, Worker
+
+    base_url = live_stack.urls[0]
+    raider = make_caller("raider-1")
+    make_caller("volunteer-1")
+    for _ in range(3):
+        raider.request_text(models=["raid-model"])
+    _pop(base_url, raider.api_key, name="raider-worker")
+    worker = Worker.objects.get(name="raider-worker")
+    for n in range(5):
+        Suspicion.objects.create(
+            account=raider.account,
+            worker=worker,
+            reason=Suspicion.Reason.UNREASONABLY_FAST,
+            detail=f"{1400 + n} t/s > 150 t/s for koboldcpp/Raid-13B",
+        )
+    Account.objects.filter(pk=raider.account.pk).update(flagged_at=timezone.now())
+
+    with chromium() as page:
+        log_in(page, base_url, "/admin/workers/account/?flagged=yes")
+        expect(page.locator("#result_list tbody tr")).to_have_count(1)
+        screenshot(page, "moderation_flagged_accounts", full_page=False)
+        page.get_by_role("link", name="raider-1").first.click()
+        expect(page.locator(".inline-group")).to_contain_text("1404 t/s > 150 t/s")
+        screenshot(page, "moderation_account_suspicions")
+
+        page.goto(f"{base_url}/admin/workers/account/?flagged=yes")
+        page.locator("#result_list input[name=_selected_action]").first.check()
+        page.locator("select[name=action]").select_option("suspend")
+        page.get_by_role("button", name="Go").click()
+        expect(page.locator("#content-main")).to_contain_text("raider-1")
+        page.get_by_label("Reason").fill("A raid: workers far faster than their model.")
+        screenshot(page, "moderation_reason", full_page=False)
+        page.get_by_role("button", name="Suspend accounts").click()
+        expect(page.locator("ul.messagelist")).to_contain_text("Suspended 1 account(s).")
+
+        page.goto(f"{base_url}/admin/workers/addresstimeout/add/")
+        page.get_by_label("Network").fill("203.0.113.0/24")
+        page.get_by_label("Hours").fill("24")
+        page.get_by_label("Reason").fill("The raid's network.")
+        page.get_by_role("button", name="Save", exact=True).click()
+        expect(page.locator("#result_list")).to_contain_text("203.0.113.0/24")
+        screenshot(page, "moderation_address_timeouts", full_page=False)
+
+        page.goto(f"{base_url}/admin/workers/hordemodes/")
+        page.get_by_label("Raid").check()
+        page.get_by_role("button", name="Save", exact=True).click()
+        page.goto(f"{base_url}/admin/workers/hordemodes/")
+        screenshot(page, "moderation_modes", full_page=False)
+
+    suspended = Account.objects.get(pk=raider.account.pk)
+    assert suspended.suspension_reason == "A raid: workers far faster than their model."
+    assert TextRequest.objects.filter(account=suspended, state="cancelled").count() == 3
+    assert AddressTimeout.objects.get().network == "203.0.113.0/24"
+    assert timeouts.seconds_left("203.0.113.77") > 23 * 3600
+    assert HordeModes.objects.get(pk=1).raid is True
+    messages = set(LogEntry.objects.values_list("change_message", flat=True))
+    assert "Suspended (open requests cancelled): A raid: workers far faster than their model." in messages

@@ -113,6 +113,7 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
         "created_at",
         "suspended_at",
         "suspension_reason",
+        "flagged_at",
     }
     assert full.get_deferred_fields() == set()
 

@@ -4,6 +4,7 @@ cancelled) and reset a key, from the admin, each logged."""
 from django.contrib.admin.models import LogEntry
 
 from jobs.models import TextRequest
+from tests.conftest import ACCOUNT_PAGE_INLINES
 from workers.models import Account, Worker
 
 ACCOUNTS = "/admin/workers/account/"
@@ -60,7 +61,7 @@ def test_a_suspended_owners_worker_cannot_submit_what_it_holds_nor_stay_online(
 
 def test_a_reason_written_on_the_accounts_page_suspends_it_and_its_owner_reads_it(moderator, requester):
     page = f"{ACCOUNTS}{requester.account.pk}/change/"
-    body = {"trusted": "", "deadline_limit_ms": "", "max_waiting_requests": ""}
+    body = {**ACCOUNT_PAGE_INLINES, "trusted": "", "deadline_limit_ms": "", "max_waiting_requests": ""}
     moderator.post(page, {**body, "suspension_reason": "Flooding the queue from 40 keys."})
     account = Account.objects.get(pk=requester.account.pk)
     assert account.suspended_at is not None

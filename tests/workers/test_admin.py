@@ -8,6 +8,7 @@ from django.contrib.auth.models import Group
 
 from jobs.models import Generation
 from jobs.services import abort_stale_generations
+from tests.conftest import ACCOUNT_PAGE_INLINES
 from workers.models import Account, Worker
 from workers.moderation import MODERATORS
 
@@ -51,14 +52,24 @@ def test_the_trust_action_changes_the_cap_of_the_next_pop_and_is_logged(moderato
 def test_a_moderator_changes_only_trust_the_deadline_limit_and_the_waiting_bound(moderator, owner):
     page = f"/admin/workers/account/{owner.account.pk}/change/"
     moderator.post(
-        page, {"name": "renamed", "trusted": "on", "deadline_limit_ms": "5000", "max_waiting_requests": "100"}
+        page,
+        {
+            **ACCOUNT_PAGE_INLINES,
+            "name": "renamed",
+            "trusted": "on",
+            "deadline_limit_ms": "5000",
+            "max_waiting_requests": "100",
+        },
     )
     account = Account.objects.get(pk=owner.account.pk)
     assert (account.name, account.trusted, account.deadline_limit_ms) == ("owner", True, 5000)
     assert (account.max_waiting_requests, account.waiting_requests_limit) == (100, 100)
     assert moderator.get("/admin/workers/account/add/").status_code == 403
     # Emptied, the account is back on the horde's default, and the list says so.
-    moderator.post(page, {"trusted": "on", "deadline_limit_ms": "5000", "max_waiting_requests": ""})
+    moderator.post(
+        page,
+        {**ACCOUNT_PAGE_INLINES, "trusted": "on", "deadline_limit_ms": "5000", "max_waiting_requests": ""},
+    )
     account.refresh_from_db()
     assert (account.max_waiting_requests, account.waiting_requests_limit) == (None, 30)
     assert "30 (default)" in moderator.get("/admin/workers/account/").content.decode()
@@ -136,6 +147,7 @@ def test_the_migration_made_the_moderators_group_with_its_permissions(db):
         "view_generation",
         "view_hordemodes",
         "view_posting",
+        "view_suspicion",
         "view_textmodel",
         "view_textrequest",
         "view_worker",
