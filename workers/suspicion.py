@@ -1,8 +1,10 @@
 """Suspicion: what makes an untrusted account's worker suspect, recorded with its reason, and the
 flag that stops the account's workers (the AI Horde's `suspicions.py` and its uses).
 
-- **Unreasonably fast**: a job delivered faster than its model's size allows (`speed_ceiling`,
-  the AI Horde's ceilings for models its reference knows); one suspicion per such job.
+- **Unreasonably fast**: a job of at least JUDGED_MIN_TOKENS delivered faster than its model's
+  size allows (`speed_ceiling`, the AI Horde's ceilings for models its reference knows); one
+  suspicion per such job. A short reply is not judged: handed in within a tenth of a second
+  after its pop, even an honest worker's "OK." would read as hundreds of tokens a second.
 - **Aborts**: each time the abort threshold puts the worker into maintenance (again), one.
 - **Give-backs**: once it has given back GIVE_BACK_MIN jobs and at least GIVE_BACK_SHARE of all
   it took, one, and one more at every GIVE_BACK_MIN give-backs after while the share holds.
@@ -30,6 +32,7 @@ SPEED_CEILINGS = ((70, 30.0), (14, 100.0), (8, 150.0))
 DEFAULT_SPEED_CEILING = 150.0
 # Mixture-of-experts models ("8x7B") run faster than their size says (the AI Horde's x3).
 MIXTURE_FACTOR = 3
+JUDGED_MIN_TOKENS = 64
 GIVE_BACK_MIN = 10
 GIVE_BACK_SHARE = 0.5
 

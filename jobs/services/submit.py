@@ -121,7 +121,7 @@ def _submit(
 def _suspect_speed(generation: Generation, *, tokens: int, now: datetime) -> None:
     """An untrusted worker's job delivered faster than its model's size allows is a suspicion
     (`workers.suspicion`): a statement more only then."""
-    if generation.worker.account.trusted:
+    if generation.worker.account.trusted or tokens < suspicion.JUDGED_MIN_TOKENS:
         return
     ceiling = suspicion.speed_ceiling(generation.model, sizes.billions(generation.model))
     seconds = (now - generation.popped_at).total_seconds()

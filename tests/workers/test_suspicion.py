@@ -68,10 +68,11 @@ def test_an_untrusted_worker_faster_than_its_models_size_allows_is_suspected_and
     assert owner.pop("w", models=[MODEL]).json()["id"] is not None
 
 
-def test_trusted_workers_and_models_of_unknown_size_are_not_suspected(
+def test_trusted_workers_short_replies_and_models_of_unknown_size_are_not_suspected(
     clock, sized, owner, trusted_owner, requester
 ):
     _serve(trusted_owner, requester, clock, seconds=1, chars=2000, name="trusted-w")
+    _serve(owner, requester, clock, seconds=0.1, chars=200)  # 50 tokens at once: too short to judge
     _serve(owner, requester, clock, seconds=1, chars=2000, model="unknown-model")
     _serve(owner, requester, clock, seconds=4, chars=2000, model="koboldcpp/Mix-8x7B", name="w2")  # 125 < 300
     assert not Suspicion.objects.exists()
