@@ -5,6 +5,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+import redis.exceptions
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
@@ -233,9 +234,13 @@ def lift_address_timeouts(*, networks: list[str], by: str, now: datetime) -> int
 
 
 def publish_address_timeouts(*, now: datetime) -> int:
-    """Give the routes the timeouts in force (the beat pass's too: Redis may have lost them)."""
+    """Give the routes the timeouts in force (the beat pass's too: Redis may have lost them).
+    Without Redis the rows stay the record, and the beat pass publishes them once it is back."""
     active = AddressTimeout.objects.active(now).values_list("network", "until")
-    timeouts.publish({network: until.timestamp() for network, until in active})
+    try:
+        timeouts.publish({network: until.timestamp() for network, until in active})
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        logger.warning("address timeouts not published: Redis is unavailable")
     return len(active)
 
 

@@ -161,3 +161,22 @@ def test_the_schema_describes_the_body_of_a_timeouts_delete(client, db):
     schema = client.get("/api/schema/", {"format": "json"}).json()
     body = schema["paths"]["/api/v2/operations/ipaddr"]["delete"]["requestBody"]
     assert body["content"]["application/json"]["schema"]["required"] == ["ipaddr"]
+
+
+def test_a_timeout_set_while_redis_is_unreachable_is_kept_and_published_once_it_is_back(
+    clock, settings, make_caller
+):
+    from workers.services import time_out_address
+
+    reachable = settings.CACHES
+    # A Redis nothing listens on: the connection is refused, as when Redis is down.
+    settings.CACHES = {"default": {**reachable["default"], "LOCATION": "redis://127.0.0.1:1/0"}}
+    now = datetime.fromisoformat(T0)
+    time_out_address(network="203.0.113.7", until=now + timedelta(hours=1), by="mod", now=now)
+    assert AddressTimeout.objects.get().network == "203.0.113.7"
+    settings.CACHES = reachable
+    timeouts.forget()
+    caller = _from(make_caller(), "203.0.113.7")
+    assert caller.request_text().status_code == 202  # not yet in Redis
+    assert publish_address_timeouts_task() == 1
+    assert caller.request_text().json()["rc"] == "TimeoutIP"
