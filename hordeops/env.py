@@ -37,6 +37,19 @@ def env_optional_int(name: str) -> int | None:
     return env_int(name, 0)
 
 
+def env_never_or_int(name: str, default: int) -> int | None:
+    """A count at least 0, or None ("never") when the variable is set and empty; unset: `default`."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    if raw.strip() == "":
+        return None
+    value = env_int(name, default)
+    if value < 0:
+        raise ImproperlyConfigured(f"{name} must be 0 or more, or empty for never")
+    return value
+
+
 def env_float(name: str, default: float) -> float:
     raw = os.environ.get(name, "")
     if raw.strip() == "":

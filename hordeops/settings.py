@@ -19,6 +19,7 @@ from hordeops.env import (
     env_int,
     env_list,
     env_networks,
+    env_never_or_int,
     env_optional_int,
     env_proxy_ssl_header,
     env_route_limits,
@@ -35,6 +36,11 @@ DATABASE_POOL_WAIT_SECONDS = env_float("DATABASE_POOL_WAIT_SECONDS", 2.0)
 # How often a web process that follows open chat requests checks that PostgreSQL answers
 # (jobs/relay.py): with the database gone, their streams end with an error event this soon.
 DATABASE_WATCH_SECONDS = env_float("DATABASE_WATCH_SECONDS", 1.0)
+
+
+# How many runs of a statement on one connection before psycopg prepares it; empty: never (for
+# PgBouncer in transaction mode: docs/reference/operations.md, "Running on several machines").
+DATABASE_PREPARE_THRESHOLD = env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5)
 
 
 def database_from_url(url: str) -> dict:
@@ -66,9 +72,11 @@ def database_from_url(url: str) -> dict:
             # Parameters travel apart from the SQL, and psycopg prepares a statement that a
             # connection runs a fifth time (the hot routes'), so that PostgreSQL parses it once
             # and then reuses a generic plan where it is as good as planning each call (the
-            # pop's is, thanks to its plan hint: see jobs.sql.pop).
+            # pop's is, thanks to its plan hint: see jobs.sql.pop). Behind a pooler in
+            # transaction mode (PgBouncer before 1.21) a statement prepared on one server
+            # connection is missing on the next: DATABASE_PREPARE_THRESHOLD empty prepares none.
             "server_side_binding": True,
-            "prepare_threshold": 5,
+            "prepare_threshold": DATABASE_PREPARE_THRESHOLD,
             "pool": {
                 "min_size": env_int("DATABASE_POOL_MIN_SIZE", 2),
                 "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20),

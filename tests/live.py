@@ -279,22 +279,91 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         shutil.rmtree(server.workdir, ignore_errors=True)
 
 
+PGBOUNCER = os.environ.get("PGBOUNCER", "/usr/sbin/pgbouncer")
+
+
+class PgBouncer:
+    """Debian's PgBouncer of a test's own, in transaction mode (what most managed PostgreSQL
+    puts in front), on a free port, in front of the shared PostgreSQL: every database name is
+    passed through. It drops the `options` startup parameter, as a deployment must tell it to
+    (docs/reference/operations.md). Its pool is one server connection a database, so that
+    every client's transactions take turns on the same one, as they do on a busy pooler."""
+
+    def __init__(self, *, pool_size: int = 1) -> None:
+        self.port = free_port()
+        self.workdir = Path(tempfile.mkdtemp(prefix="hordeops-pgbouncer-"))
+        db = connection.settings_dict
+        (self.workdir / "users.txt").write_text(f'"{db["USER"]}" ""\n')
+        (self.workdir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={db['HOST']} port={db['PORT']}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.workdir / 'users.txt'}\n"
+            f"pool_mode = transaction\ndefault_pool_size = {pool_size}\nmax_client_conn = 500\n"
+            "ignore_startup_parameters = extra_float_digits, options\n"
+            f"logfile = {self.workdir / 'pgbouncer.log'}\npidfile = {self.workdir / 'pgbouncer.pid'}\n"
+        )
+        # PgBouncer will not run as root: as the postgres user (its log and pid file in a
+        # directory of its own), when the tests run as root.
+        run_as = []
+        if os.geteuid() == 0:
+            for path in (self.workdir, *self.workdir.iterdir()):
+                os.chown(path, *_postgres_ids())
+            run_as = ["-u", "postgres"]
+        self.process = subprocess.Popen([PGBOUNCER, *run_as, str(self.workdir / "pgbouncer.ini")])
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"PgBouncer did not start: {self.log()}") from None
+                time.sleep(0.05)
+
+    def url(self) -> str:
+        """The test database's URL through this PgBouncer."""
+        db = connection.settings_dict
+        return f"postgres://{db['USER']}@127.0.0.1:{self.port}/{db['NAME']}"
+
+    def log(self) -> str:
+        path = self.workdir / "pgbouncer.log"
+        return path.read_text()[-OUTPUT_TAIL_CHARS:] if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def pgbouncer(transactional_db: None) -> Iterator[PgBouncer]:
+    bouncer = PgBouncer()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
 @pytest.fixture
 def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveStack]:
     """N uvicorn processes (2 unless parametrized indirectly) on the test database and Redis
     (the test's own redis-server or PostgreSQL cluster when it asks for `private_redis` or
-    `private_postgres` too)."""
+    `private_postgres` too; the test database through PgBouncer when it asks for `pgbouncer`)."""
     count = getattr(request, "param", 2)
     redis_url = (
         request.getfixturevalue("private_redis").url
         if "private_redis" in request.fixturenames
         else settings.REDIS_URL
     )
-    database = (
-        request.getfixturevalue("private_postgres").url
-        if "private_postgres" in request.fixturenames
-        else database_url()
-    )
+    if "private_postgres" in request.fixturenames:
+        database = request.getfixturevalue("private_postgres").url
+    elif "pgbouncer" in request.fixturenames:
+        database = request.getfixturevalue("pgbouncer").url()
+    else:
+        database = database_url()
     env = {
         **os.environ,
         "DATABASE_URL": database,

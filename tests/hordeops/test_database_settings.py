@@ -42,3 +42,18 @@ def test_a_bare_database_url_takes_the_local_defaults():
 def test_a_database_url_that_is_not_postgresql_is_refused(url):
     with pytest.raises(ImproperlyConfigured, match="postgres://"):
         database_from_url(url)
+
+
+def test_the_prepare_threshold_is_5_unset_a_count_when_given_and_never_when_empty(monkeypatch):
+    from hordeops.env import env_never_or_int
+
+    monkeypatch.delenv("DATABASE_PREPARE_THRESHOLD", raising=False)
+    assert env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5) == 5
+    monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", "")
+    assert env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5) is None
+    monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", "0")
+    assert env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5) == 0
+    for bad in ("-1", "five"):
+        monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", bad)
+        with pytest.raises(ImproperlyConfigured, match="DATABASE_PREPARE_THRESHOLD"):
+            env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5)
