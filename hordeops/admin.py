@@ -1,3 +1,4 @@
+import functools
 import logging
 
 from django.contrib import admin
@@ -7,10 +8,24 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
 
-from hordeops import clock, logins
+from hordeops import clock, logins, replica
 from jobs import operations
 
 logger = logging.getLogger(__name__)
+
+
+def _lists_read_the_replica(view):
+    @functools.wraps(view)
+    def changelist(request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            return view(request, *args, **kwargs)
+        with replica.reads():
+            response = view(request, *args, **kwargs)
+            if hasattr(response, "render"):
+                response.render()  # its queries run here, on the replica, not after
+            return response
+
+    return changelist
 
 
 class HordeAdminSite(admin.AdminSite):
@@ -41,6 +56,13 @@ class HordeAdminSite(admin.AdminSite):
                 }
                 return TemplateResponse(request, "admin/login.html", context, status=429)
         return super().login(request, extra_context)
+
+    def admin_view(self, view, cacheable=False):
+        # The lists read from the replica, when there is one (hordeops.replica); their actions
+        # (a POST) and every other page read the primary.
+        if getattr(view, "__name__", "") == "changelist_view":
+            view = _lists_read_the_replica(view)
+        return super().admin_view(view, cacheable)
 
     def get_urls(self):
         return [

@@ -311,6 +311,12 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+# A streaming replica of it: the reads a route allows there (hordeops/replica.py) go to it.
+DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL", "")
+if DATABASE_REPLICA_URL:
+    # Tests read the primary under this name too: a replica cannot hold a test database.
+    DATABASES["replica"] = {**database_from_url(DATABASE_REPLICA_URL), "TEST": {"MIRROR": "default"}}
+DATABASE_ROUTERS = ["hordeops.replica.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {

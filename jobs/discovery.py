@@ -11,8 +11,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db import connection
+from django.db import connections
 
+from hordeops import replica
 from jobs import sql
 from workers.details import TEXT
 from workers.models import Worker
@@ -40,7 +41,9 @@ def _cached(key: str, seconds: int, compute):
 
 
 def _rows(statement: str, params: dict[str, Any]) -> list[tuple]:
-    with connection.cursor() as cursor:
+    # On the replica where the route allows it (`hordeops.replica`): these answers are cached
+    # for seconds already.
+    with connections[replica.alias()].cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.fetchall()
 

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from hordeops import clock, errors, ratelimit
 from hordeops.parsing import MAX_DIGITS, ascii_int
+from hordeops.replica import replica_reads
 from hordeops.serializers import APIKEY_AUTH, COUNT, OBJECT_LIST
 from jobs import deadlines, discovery, services
 from jobs import serializers as s
@@ -283,6 +284,7 @@ def _count_param(request: Request, name: str) -> int | None:
 
 
 class ModelsStatusView(APIView):
+    @replica_reads
     @extend_schema(
         operation_id="status_models",
         parameters=[
@@ -312,6 +314,7 @@ class ModelsStatusView(APIView):
 
 class ModelStatusView(APIView):
     # 404: a name the path cannot hold (a line break ends it).
+    @replica_reads
     @extend_schema(
         operation_id="status_model", responses={200: OBJECT_LIST, 404: s.HordeErrorOutput, **LIMITED}
     )
@@ -320,6 +323,7 @@ class ModelStatusView(APIView):
 
 
 class PerformanceView(APIView):
+    @replica_reads
     @extend_schema(operation_id="status_performance", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.performance(now=clock.now()))
@@ -339,12 +343,14 @@ class ModesView(APIView):
 
 
 class TextTotalsView(APIView):
+    @replica_reads
     @extend_schema(operation_id="stats_text_totals", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.text_totals(now=clock.now()))
 
 
 class TextModelStatsView(APIView):
+    @replica_reads
     @extend_schema(operation_id="stats_text_models", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.text_models(now=clock.now()))

@@ -279,6 +279,57 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         shutil.rmtree(server.workdir, ignore_errors=True)
 
 
+class StreamingReplica:
+    """A hot standby of a `PrivatePostgres` (pg_basebackup -R into a cluster of its own, on a
+    free port), streaming from it; the test may pause its replay to make it fall behind."""
+
+    def __init__(self, primary: PrivatePostgres) -> None:
+        self.primary = primary
+        self.port = free_port()
+        self.data = primary.workdir / "replica"
+        primary._run(_postgres_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port),
+                     "-U", "postgres", "-D", str(self.data), "-R", "-X", "stream", "-c", "fast")  # fmt: skip
+        options = f"-p {self.port} -k {primary.workdir} -c listen_addresses=127.0.0.1 -c hot_standby=on"
+        primary._run(_postgres_bin("pg_ctl"), "-D", str(self.data), "-o", options,
+                     "-l", str(primary.workdir / "replica.log"), "-w", "start")  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/hordeops"
+
+    def sql(self, statement: str, params: tuple = ()) -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="hordeops",
+                             autocommit=True) as conn:  # fmt: skip
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def caught_up(self, timeout: float = STARTUP_TIMEOUT_SECONDS) -> None:
+        """Wait until it has replayed everything the primary has written so far."""
+        (written,) = self.primary.sql("SELECT pg_current_wal_lsn()::text")[0]
+        deadline = time.monotonic() + timeout
+        while self.sql("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (written,))[0] != (True,):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica did not catch up")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.primary._run(_postgres_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+
+@pytest.fixture
+def streaming_replica(private_postgres: PrivatePostgres) -> Iterator[StreamingReplica]:
+    replica = StreamingReplica(private_postgres)
+    try:
+        yield replica
+    finally:
+        try:
+            replica.stop()
+        except subprocess.CalledProcessError:
+            pass  # stopped by the test already
+
+
 PGBOUNCER = os.environ.get("PGBOUNCER", "/usr/sbin/pgbouncer")
 
 
@@ -351,7 +402,8 @@ def pgbouncer(transactional_db: None) -> Iterator[PgBouncer]:
 def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterator[LiveStack]:
     """N uvicorn processes (2 unless parametrized indirectly) on the test database and Redis
     (the test's own redis-server or PostgreSQL cluster when it asks for `private_redis` or
-    `private_postgres` too; the test database through PgBouncer when it asks for `pgbouncer`)."""
+    `private_postgres` too, with its `streaming_replica` as DATABASE_REPLICA_URL when it asks for
+    one; the test database through PgBouncer when it asks for `pgbouncer`)."""
     count = getattr(request, "param", 2)
     redis_url = (
         request.getfixturevalue("private_redis").url
@@ -375,6 +427,8 @@ def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterat
         "ADDRESS_RATE_PER_SECOND": "0",
     }
     # `@pytest.mark.live_env(NAME="value")`: settings of the test's own for the servers.
+    if "streaming_replica" in request.fixturenames:
+        env["DATABASE_REPLICA_URL"] = request.getfixturevalue("streaming_replica").url
     if marker := request.node.get_closest_marker("live_env"):
         env.update(marker.kwargs)
     failed_before = request.session.testsfailed

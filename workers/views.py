@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors, timeouts
+from hordeops.replica import replica_reads
 from hordeops.serializers import (
     APIKEY_AUTH,
     OBJECT_LIST,
@@ -56,6 +57,7 @@ def _worker_answer(request: Request, worker: Worker) -> Response:
 
 
 class WorkersView(APIView):
+    @replica_reads
     @extend_schema(
         operation_id="workers",
         auth=OPTIONAL_APIKEY_AUTH,
@@ -114,6 +116,7 @@ class WorkerView(APIView):
         except ValueError:
             raise errors.WorkerNotFound() from None
 
+    @replica_reads
     @extend_schema(
         operation_id="worker",
         parameters=[WORKER_ID, APIKEY_OPTIONAL],
@@ -157,6 +160,7 @@ class WorkerView(APIView):
 
 
 class WorkerByNameView(APIView):
+    @replica_reads
     @extend_schema(
         operation_id="worker_by_name",
         parameters=[APIKEY_OPTIONAL],
