@@ -148,6 +148,17 @@ def env_list(name: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
 
 
+def env_host_ports(name: str) -> list[tuple[str, int]]:
+    """`10.0.0.1:26379,10.0.0.2:26379`: hosts with their ports (Redis Sentinel's)."""
+    found = []
+    for item in env_list(name):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(f"{name} must be host:port pairs separated by commas")
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
 def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
     """A header name (`X-Forwarded-Proto`) as Django's SECURE_PROXY_SSL_HEADER: (its META key, "https")."""
     header = os.environ.get(name, "").strip()

@@ -16,6 +16,7 @@ from hordeops.env import (
     env_deadline_max_ms,
     env_float,
     env_gc_thresholds,
+    env_host_ports,
     env_int,
     env_list,
     env_networks,
@@ -150,6 +151,11 @@ ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis Sentinel: where the sentinels answer, and the name they monitor the primary by. Set, every
+# Redis client of the project asks them for the primary (its database: REDIS_URL's number).
+REDIS_SENTINELS = env_host_ports("REDIS_SENTINELS")
+REDIS_SENTINEL_SERVICE = env_str("REDIS_SENTINEL_SERVICE", "mymaster")
+REDIS_DB = int(urlsplit(REDIS_URL).path.strip("/") or 0)
 # A count made on every pop reaches Redis within this many seconds (0: at once): hordeops/metrics.py.
 METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 1.0)
 
@@ -330,6 +336,17 @@ CACHES = {
     }
 }
 
+if REDIS_SENTINELS:
+    # django-redis' own Sentinel support: a pool that asks the sentinels for the primary and
+    # asks again when it fails over.
+    DJANGO_REDIS_CONNECTION_FACTORY = "django_redis.pool.SentinelConnectionFactory"
+    CACHES["default"]["LOCATION"] = f"redis://{REDIS_SENTINEL_SERVICE}/{REDIS_DB}"
+    CACHES["default"]["OPTIONS"] |= {
+        "CLIENT_CLASS": "django_redis.client.SentinelClient",
+        "SENTINELS": REDIS_SENTINELS,
+        "SENTINEL_KWARGS": {"socket_timeout": 2},
+    }
+
 # Bodies over 1 MiB are refused with 413 while they are read (docs/reference/horde_api.md).
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
 # A body with no new bytes for this long, or not complete this long after its headers, is a 408
@@ -387,6 +404,10 @@ SPECTACULAR_SETTINGS = {
 
 # --- Celery (Redis broker, one beat) ----------------------------------------------------
 CELERY_BROKER_URL = REDIS_URL
+if REDIS_SENTINELS:
+    # kombu's sentinel transport: each sentinel a URL, the primary found by its name.
+    CELERY_BROKER_URL = ";".join(f"sentinel://{host}:{port}/{REDIS_DB}" for host, port in REDIS_SENTINELS)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"master_name": REDIS_SENTINEL_SERVICE}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

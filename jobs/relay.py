@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 import redis.asyncio
+import redis.asyncio.sentinel
 import redis.exceptions
 from django.conf import settings
 from django_redis import get_redis_connection
@@ -143,6 +144,32 @@ class _Follower:
         self.queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
 
 
+class _BlockingSentinelPool(
+    redis.asyncio.sentinel.SentinelConnectionPool, redis.asyncio.BlockingConnectionPool
+):
+    """The primary the sentinels name, with at most `max_connections` (a caller waits for one)."""
+
+
+def _async_redis(*, client_name: str, max_connections: int | None = None) -> redis.asyncio.Redis:
+    """An asyncio client of the horde's Redis: REDIS_URL's, or the primary REDIS_SENTINELS name
+    (redis-py's own Sentinel support: a failover is followed at the next connection)."""
+    if settings.REDIS_SENTINELS:
+        sentinel = redis.asyncio.sentinel.Sentinel(
+            settings.REDIS_SENTINELS, sentinel_kwargs={"socket_timeout": 2}
+        )
+        kwargs = {"client_name": client_name, "db": settings.REDIS_DB}
+        if max_connections is not None:
+            kwargs |= {"connection_pool_class": _BlockingSentinelPool, "max_connections": max_connections}
+        return sentinel.master_for(settings.REDIS_SENTINEL_SERVICE, **kwargs)
+    if max_connections is None:
+        return redis.asyncio.Redis.from_url(settings.REDIS_URL, client_name=client_name)
+    return redis.asyncio.Redis.from_pool(  # from_pool: aclose() closes the pool too
+        redis.asyncio.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=max_connections, client_name=client_name
+        )
+    )
+
+
 class _Hub:
     """The relay events of every request this event loop follows, over one pub/sub connection.
 
@@ -155,13 +182,9 @@ class _Hub:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._client = redis.asyncio.Redis.from_url(settings.REDIS_URL, client_name=HUB_CLIENT_NAME)
+        self._client = _async_redis(client_name=HUB_CLIENT_NAME)
         self._pubsub = self._client.pubsub()
-        self._backlog = redis.asyncio.Redis.from_pool(  # from_pool: aclose() closes the pool too
-            redis.asyncio.BlockingConnectionPool.from_url(
-                settings.REDIS_URL, max_connections=BACKLOG_CONNECTIONS, client_name=BACKLOG_CLIENT_NAME
-            )
-        )
+        self._backlog = _async_redis(client_name=BACKLOG_CLIENT_NAME, max_connections=BACKLOG_CONNECTIONS)
         self._followers: dict[str, set[_Follower]] = {}
         # Channels with a SUBSCRIBE sent and no UNSUBSCRIBE since, each with the future that
         # Redis's confirmation of that SUBSCRIBE resolves.

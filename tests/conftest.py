@@ -10,7 +10,14 @@ from django.core.cache import cache
 from django.db import connections
 from rest_framework.test import APIClient
 
-from tests.live import live_stack, pgbouncer, private_postgres, private_redis, streaming_replica  # noqa: F401
+from tests.live import (  # noqa: F401
+    live_stack,
+    pgbouncer,
+    private_postgres,
+    private_redis,
+    sentinel_redis,
+    streaming_replica,
+)
 from workers.models import ANONYMOUS_API_KEY, ANONYMOUS_NAME, Account, hash_api_key
 from workers.services import create_account
 

@@ -151,11 +151,12 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
+    def start(self, *, replica_of: int | None = None) -> None:
+        follows = ["--replicaof", "127.0.0.1", str(replica_of)] if replica_of else []
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no",
-             "--dir", str(self.workdir)],
+             "--dir", str(self.workdir), *follows],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
@@ -184,6 +185,82 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.kill()
+
+
+class SentinelRedis:
+    """Redis as Sentinel keeps it, all of the test's own: a primary, a replica of it and three
+    sentinels (`redis-server --sentinel`) that watch the primary as `mymaster`, fail over a
+    second after it stops answering, and name the new primary to every client that asks."""
+
+    SERVICE = "mymaster"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.primary, self.replica = PrivateRedis(workdir / "primary"), PrivateRedis(workdir / "replica")
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen] = []
+
+    @property
+    def sentinels_setting(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+
+    def start(self) -> None:
+        for server in (self.primary, self.replica):
+            server.workdir.mkdir()
+        self.primary.start()
+        self.replica.start(replica_of=self.primary.port)
+        for port in self.sentinel_ports:
+            conf = self.workdir / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
+                f"sentinel failover-timeout {self.SERVICE} 5000\n"
+            )
+            self.sentinels.append(
+                subprocess.Popen(["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL)
+            )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while not all(self._knows_replica(port) for port in self.sentinel_ports):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sentinels did not find the replica")
+            time.sleep(0.1)
+
+    def _knows_replica(self, port: int) -> bool:
+        import redis
+
+        try:
+            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+            return (
+                bool(client.sentinel_slaves(self.SERVICE))
+                and len(client.sentinel_sentinels(self.SERVICE)) >= 2
+            )
+        except redis.RedisError:
+            return False
+
+    def primary_port(self) -> int:
+        """The port of the primary the sentinels name now."""
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.sentinel_ports[0], socket_timeout=1)
+        return int(client.sentinel_get_master_addr_by_name(self.SERVICE)[1])
+
+    def stop(self) -> None:
+        for process in self.sentinels:
+            process.kill()
+            process.wait(timeout=STOP_TIMEOUT_SECONDS)
+        self.primary.kill()
+        self.replica.kill()
+
+
+@pytest.fixture
+def sentinel_redis(tmp_path: Path) -> Iterator[SentinelRedis]:
+    cluster = SentinelRedis(tmp_path)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 def _postgres_bin(name: str) -> str:
@@ -410,6 +487,11 @@ def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterat
         if "private_redis" in request.fixturenames
         else settings.REDIS_URL
     )
+    sentinels = {}
+    if "sentinel_redis" in request.fixturenames:
+        cluster = request.getfixturevalue("sentinel_redis")
+        redis_url = cluster.primary.url  # only its database number counts: the sentinels name the host
+        sentinels = {"REDIS_SENTINELS": cluster.sentinels_setting, "REDIS_SENTINEL_SERVICE": cluster.SERVICE}
     if "private_postgres" in request.fixturenames:
         database = request.getfixturevalue("private_postgres").url
     elif "pgbouncer" in request.fixturenames:
@@ -427,6 +509,7 @@ def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterat
         "ADDRESS_RATE_PER_SECOND": "0",
     }
     # `@pytest.mark.live_env(NAME="value")`: settings of the test's own for the servers.
+    env.update(sentinels)
     if "streaming_replica" in request.fixturenames:
         env["DATABASE_REPLICA_URL"] = request.getfixturevalue("streaming_replica").url
     if marker := request.node.get_closest_marker("live_env"):

@@ -132,3 +132,60 @@ def _run_in_a_celery_worker(task, done) -> str:
         worker.terminate()
         output, _ = worker.communicate(timeout=30)
     return output
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_celery_worker_follows_a_sentinel_failover_of_its_broker(sentinel_redis, make_caller):
+    from celery import Celery
+
+    requester, owner = make_caller("requester"), make_caller("owner")
+    owner.pop("w")
+
+    def lapsed_generation() -> str:
+        requester.request_text()
+        generation_id = owner.pop("w").json()["id"]
+        Generation.objects.filter(pk=generation_id).update(popped_at=F("popped_at") - timedelta(seconds=151))
+        return generation_id
+
+    def aborted(generation_id: str):
+        return lambda: Generation.objects.get(pk=generation_id).state == Generation.State.ABORTED
+
+    queue = f"test-{uuid.uuid4().hex}"
+    env = {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": sentinel_redis.primary.url,  # its database number; the host is the sentinels'
+        "REDIS_SENTINELS": sentinel_redis.sentinels_setting,
+        "REDIS_SENTINEL_SERVICE": sentinel_redis.SERVICE,
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "hordeops", "worker", "--pool=solo", "-Q", queue,
+         "--without-heartbeat", "--without-gossip", "--without-mingle", "--loglevel=INFO"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+    def run_until(done, broker_port: int) -> None:
+        # Sent straight to whichever server is the primary now: the worker must find it itself.
+        sender = Celery(broker=f"redis://127.0.0.1:{broker_port}/0")
+        deadline, next_send = time.monotonic() + 60, 0.0
+        while not done():
+            assert time.monotonic() < deadline and worker.poll() is None, "the pass did not run"
+            if time.monotonic() >= next_send:
+                sender.send_task(abort_stale_generations_task.name, queue=queue, expires=30)
+                next_send = time.monotonic() + 5
+            time.sleep(0.2)
+        sender.close()
+
+    try:
+        run_until(aborted(lapsed_generation()), sentinel_redis.primary.port)
+        old_primary = sentinel_redis.primary.port
+        sentinel_redis.primary.kill()
+        deadline = time.monotonic() + 20
+        while sentinel_redis.primary_port() == old_primary:
+            assert time.monotonic() < deadline, "no failover"
+            time.sleep(0.1)
+        run_until(aborted(lapsed_generation()), sentinel_redis.primary_port())
+    finally:
+        worker.terminate()
+        output, _ = worker.communicate(timeout=30)
+    assert output.count("abort_stale_generations_task") >= 2, output

@@ -57,3 +57,20 @@ def test_the_prepare_threshold_is_5_unset_a_count_when_given_and_never_when_empt
         monkeypatch.setenv("DATABASE_PREPARE_THRESHOLD", bad)
         with pytest.raises(ImproperlyConfigured, match="DATABASE_PREPARE_THRESHOLD"):
             env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5)
+
+
+def test_redis_sentinels_are_host_port_pairs_and_anything_else_is_refused(monkeypatch):
+    from hordeops.env import env_host_ports
+
+    monkeypatch.setenv("REDIS_SENTINELS", "10.0.0.1:26379, sentinel-b:26380,[fd00::3]:26381")
+    assert env_host_ports("REDIS_SENTINELS") == [
+        ("10.0.0.1", 26379),
+        ("sentinel-b", 26380),
+        ("fd00::3", 26381),
+    ]
+    monkeypatch.setenv("REDIS_SENTINELS", "")
+    assert env_host_ports("REDIS_SENTINELS") == []
+    for bad in ("10.0.0.1", "10.0.0.1:port", ":26379"):
+        monkeypatch.setenv("REDIS_SENTINELS", bad)
+        with pytest.raises(ImproperlyConfigured, match="REDIS_SENTINELS"):
+            env_host_ports("REDIS_SENTINELS")
