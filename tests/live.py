@@ -407,6 +407,62 @@ def streaming_replica(private_postgres: PrivatePostgres) -> Iterator[StreamingRe
             pass  # stopped by the test already
 
 
+HAPROXY = os.environ.get("HAPROXY", "/usr/sbin/haproxy")
+HAPROXY_EXAMPLE = ROOT / "docs" / "examples" / "haproxy.cfg"
+
+
+class HAProxy:
+    """Debian's HAProxy running the shipped example (docs/examples/haproxy.cfg) in front of the
+    given web servers: its bind and `server` lines replaced, `replace` applied (a test's own
+    timeouts, say), everything else as shipped."""
+
+    def __init__(self, servers: list[str], *, replace: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.workdir = Path(tempfile.mkdtemp(prefix="hordeops-haproxy-"))
+        config = HAPROXY_EXAMPLE.read_text().replace("bind :80", f"bind 127.0.0.1:{self.port}")
+        for old, new in (replace or {}).items():
+            assert old in config, old
+            config = config.replace(old, new)
+        lines = []
+        for line in config.splitlines():
+            if line.strip().startswith("server web"):
+                if line.strip().startswith("server web1"):
+                    indent = line[: len(line) - len(line.lstrip())]
+                    hosts = [url.removeprefix("http://") for url in servers]
+                    lines += [f"{indent}server web{n + 1} {host}" for n, host in enumerate(hosts)]
+                continue
+            lines.append(line)
+        (self.workdir / "haproxy.cfg").write_text("\n".join(lines) + "\n")
+        self.process = subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(self.workdir / "haproxy.cfg")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while True:
+            try:
+                with httpx.Client(timeout=2) as client:
+                    if client.get(f"{self.url}/api/v2/status/heartbeat").status_code == 200:
+                        return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"HAProxy did not start: {self.process.stdout.read() if self.process.stdout else ''}"
+                )
+            time.sleep(0.1)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 PGBOUNCER = os.environ.get("PGBOUNCER", "/usr/sbin/pgbouncer")
 
 
