@@ -19,11 +19,7 @@ def _lists_read_the_replica(view):
     def changelist(request, *args, **kwargs):
         if request.method not in ("GET", "HEAD"):
             return view(request, *args, **kwargs)
-        with replica.reads():
-            response = view(request, *args, **kwargs)
-            if hasattr(response, "render"):
-                response.render()  # its queries run here, on the replica, not after
-            return response
+        return replica.run(view, request, *args, **kwargs)
 
     return changelist
 

@@ -9,16 +9,26 @@ a pop, a lease, a submit or a spend reads the primary, as does every write. Sess
 the admin's log always use the primary: a moderator who just logged in is not sent back to the
 login page by a replica a moment behind. docs/reference/operations.md states the lag each route
 tolerates.
+
+A replica that cannot be reached costs these routes nothing but time: the read is done again on
+the primary, and for DOWN_SECONDS every process that saw it fail reads the primary at once.
 """
 
 import functools
+import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
+
+logger = logging.getLogger(__name__)
 
 REPLICA = "replica"
+# After the replica failed to answer, how long this process reads the primary instead.
+DOWN_SECONDS = 5.0
+_down_until = 0.0
 # Apps whose rows decide who the caller is: always read where they were written.
 PRIMARY_APPS = frozenset({"sessions", "auth", "admin", "contenttypes"})
 
@@ -32,7 +42,38 @@ def configured() -> bool:
 
 def alias() -> str:
     """Where a read of the current code may go: the replica inside `reads`, until a write."""
-    return REPLICA if _allowed.get() and not _wrote.get() and configured() else DEFAULT_DB_ALIAS
+    if _allowed.get() and not _wrote.get() and configured() and time.monotonic() >= _down_until:
+        return REPLICA
+    return DEFAULT_DB_ALIAS
+
+
+def run(view: Callable, *args, **kwargs):
+    """Run `view` with its reads on the replica; if the replica cannot be reached, again on the
+    primary (a read-only view: running it twice changes nothing)."""
+    global _down_until
+    if not configured() or time.monotonic() < _down_until:
+        return view(*args, **kwargs)
+    try:
+        with reads():
+            response = view(*args, **kwargs)
+            if getattr(response, "template_name", None) and not response.is_rendered:
+                # A page's queries run as its template renders: here, on the replica, not after.
+                # (An API answer holds its data already, and is rendered by its framework.)
+                response.render()
+            return response
+    except (OperationalError, InterfaceError) as failed:
+        if not _replica_failed():
+            raise
+        _down_until = time.monotonic() + DOWN_SECONDS
+        logger.warning("read replica unavailable (%s): reading the primary", type(failed).__name__)
+        connections[REPLICA].close()
+        return view(*args, **kwargs)
+
+
+def _replica_failed() -> bool:
+    """Whether the replica's connection is the one that failed (not the primary's)."""
+    replica = connections[REPLICA]
+    return replica.connection is None or replica.errors_occurred or not replica.is_usable()
 
 
 @contextmanager
@@ -47,12 +88,11 @@ def reads() -> Iterator[None]:
 
 
 def replica_reads(view: Callable) -> Callable:
-    """A view (or a view method) whose reads may be served by the replica."""
+    """A read-only view (or a view method) whose reads may be served by the replica."""
 
     @functools.wraps(view)
     def wrapped(*args, **kwargs):
-        with reads():
-            return view(*args, **kwargs)
+        return run(view, *args, **kwargs)
 
     return wrapped
 

@@ -2,6 +2,8 @@
 test's own. The discovery routes read it; the pop, the submit and the queueing read the
 primary. With the replica's replay paused, the routes that read it show the horde as it was."""
 
+import time
+
 import httpx
 import pytest
 from django.core.cache import cache
@@ -82,6 +84,14 @@ def test_discovery_reads_the_replica_while_the_pop_and_the_submit_read_the_prima
         streaming_replica.sql("SELECT pg_wal_replay_resume()")
         streaming_replica.caught_up()
         assert "model-b" in _models(client)
+
+        # The replica gone: the same routes answer from the primary, at once.
+        streaming_replica.stop()
+        started = time.monotonic()
+        assert "model-b" in _models(client)
+        assert "seen-after" in _workers(client)
+        assert "seen-after" in client.get("/admin/workers/worker/").text
+        assert time.monotonic() - started < 10
     live_stack.assert_alive()
 
 
