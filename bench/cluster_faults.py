@@ -1,0 +1,513 @@
+"""The multi-machine topology on one machine, hosts in network namespaces, and its faults: what
+was lost, what ended with a clear error, and how long each fault took to recover from.
+
+Run (as root: it makes network namespaces):  .venv/bin/python bench/cluster_faults.py
+
+(about two minutes; the JSON goes to stdout, progress notes to stderr.)
+
+The hosts, each a network namespace on one bridge (10.77.0.0/24), with its own address:
+
+    web1, web2   the web app (gunicorn, 2 uvicorn workers each), DATABASE_REPLICA_URL and
+                 REDIS_SENTINELS set, TRUSTED_PROXIES the proxy
+    pg1, pg2     PostgreSQL, and a streaming replica of it (pg_basebackup -R)
+    redis1/2     a Redis primary and its replica
+    (the root)   three Redis sentinels, HAProxy running docs/examples/haproxy.cfg in front of
+                 web1 and web2, a Celery worker and beat, and the load
+
+The load, for the whole run: requester threads queueing horde text requests and polling them
+to their end, and streaming chat requests read to their last event; worker threads popping,
+posting progress on chat jobs and submitting, all through HAProxy. Leases are short (as in
+bench/fleet.py) so that jobs held by a lost host are restarted within the run. The faults,
+in this order, each given time to recover before the next:
+
+    1. web1 cut off from Redis for 5 s (blackhole routes to both Redis hosts in its namespace)
+    2. the Redis primary killed (SIGKILL): the sentinels promote the replica
+    3. the PostgreSQL replica stopped (`pg_ctl -m immediate`): the routes that read it read the primary
+    4. web1 killed (its gunicorn, SIGKILL): HAProxy's health check takes it out
+
+Reported: requests sent, by final state; `lost` (never reached a final state) and
+`double_accept` (a generation accepted twice, or a request with more accepted generations than
+it asked for), both must be 0; for each fault, the answers that were errors (by status), the
+streams that ended with an error event and the ones cut without one (must be 0), and the
+seconds from the fault until the load's calls succeeded again.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.common import VENV  # noqa: E402
+
+BRIDGE, PREFIX, NET = "hzbr0", "hz-", "10.77.0"
+HOSTS = {"web1": 11, "web2": 12, "redis1": 21, "redis2": 22, "pg1": 31, "pg2": 32}
+ROOT_IP = f"{NET}.1"
+SENTINEL_PORTS = (26371, 26372, 26373)
+MODEL = "cluster-model"
+SETTINGS = {
+    "TEXT_JOB_LEASE_SECONDS": "8",
+    "TEXT_JOB_PREPARATION_SECONDS": "2",
+    "TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS": "24",
+    "UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS": "16",
+    "STALE_GENERATION_PASS_SECONDS": "2",
+    "TEXT_REQUEST_LIFETIME_SECONDS": "90",
+    "WORKER_ONLINE_SECONDS": "60",
+    "WORKER_ABORT_MAINTENANCE_THRESHOLD": "100000",
+    "ACCOUNT_MAX_WAITING_REQUESTS": "100000",
+    "KEY_RATE_PER_SECOND": "0",
+    "ADDRESS_RATE_PER_SECOND": "0",
+    "WORKER_LIMIT_UNTRUSTED": "100000",
+    "WORKER_LIMIT_TRUSTED": "100000",
+    "LOG_LEVEL": "WARNING",
+}
+
+
+def note(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def sh(*command: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(command, check=check, capture_output=True, text=True)
+
+
+def ip(host: str) -> str:
+    return f"{NET}.{HOSTS[host]}"
+
+
+def in_ns(host: str, *command: str) -> list[str]:
+    return ["ip", "netns", "exec", PREFIX + host, *command]
+
+
+def make_network() -> None:
+    tear_down_network()
+    sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    sh("ip", "addr", "add", f"{ROOT_IP}/24", "dev", BRIDGE)
+    sh("ip", "link", "set", BRIDGE, "up")
+    for host in HOSTS:
+        ns, veth = PREFIX + host, f"hzv-{host}"
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "link", "set", veth, "master", BRIDGE, "up")
+        sh(*in_ns(host, "ip", "addr", "add", f"{ip(host)}/24", "dev", "eth0"))
+        sh(*in_ns(host, "ip", "link", "set", "eth0", "up"))
+        sh(*in_ns(host, "ip", "link", "set", "lo", "up"))
+
+
+def tear_down_network() -> None:
+    for host in HOSTS:
+        sh("ip", "link", "del", f"hzv-{host}", check=False)  # its peer goes with it
+        sh("ip", "netns", "del", PREFIX + host, check=False)
+    sh("ip", "link", "del", BRIDGE, check=False)
+
+
+class Cluster:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.pg_bin = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parts[-2]))[-1]
+        self.env = {
+            **os.environ,
+            **SETTINGS,
+            "DATABASE_URL": f"postgres://postgres@{ip('pg1')}:5432/hordeops",
+            "DATABASE_REPLICA_URL": f"postgres://postgres@{ip('pg2')}:5432/hordeops",
+            "REDIS_URL": f"redis://{ip('redis1')}:6379/0",
+            "REDIS_SENTINELS": ",".join(f"{ROOT_IP}:{port}" for port in SENTINEL_PORTS),
+            "REDIS_SENTINEL_SERVICE": "mymaster",
+            "TRUSTED_PROXIES": ROOT_IP,
+            "ALLOWED_HOSTS": ",".join(
+                ["127.0.0.1", "localhost", ROOT_IP, *(ip(h) for h in ("web1", "web2"))]
+            ),
+            "DJANGO_SETTINGS_MODULE": "hordeops.settings",
+        }
+
+    def log(self, name: str):
+        return open(self.workdir / f"{name}.log", "w")  # noqa: SIM115
+
+    def start(self, name: str, command: list[str], **kwargs) -> subprocess.Popen:
+        # A session of its own: killing it kills its children too (gunicorn's workers).
+        self.processes[name] = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=self.log(name),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **kwargs,
+        )
+        return self.processes[name]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL to the process and everything it started, as a host's power cut."""
+        try:
+            os.killpg(self.processes[name].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.processes[name].wait(timeout=10)
+
+    def postgres(self) -> None:
+        import pwd
+
+        postgres = pwd.getpwnam("postgres")
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+        self.workdir.chmod(0o755)
+        for host in ("pg1", "pg2"):
+            (self.workdir / host).mkdir()
+            os.chown(self.workdir / host, postgres.pw_uid, postgres.pw_gid)
+        data1, data2 = self.workdir / "pg1" / "data", self.workdir / "pg2" / "data"
+        sh(*as_postgres, str(self.pg_bin / "initdb"), "-D", str(data1), "-A", "trust", "-U", "postgres",
+           "--no-sync", "-E", "UTF8")  # fmt: skip
+        with open(data1 / "pg_hba.conf", "a") as hba:
+            hba.write(f"host all all {NET}.0/24 trust\nhost replication all {NET}.0/24 trust\n")
+        for host, data in (("pg1", data1),):
+            options = f"-c listen_addresses={ip(host)} -k {self.workdir / host} -c fsync=off"
+            sh(*in_ns(host, *as_postgres, str(self.pg_bin / "pg_ctl"), "-D", str(data), "-o", options,
+                      "-l", str(self.workdir / host / "log"), "-w", "start"))  # fmt: skip
+        sh("psql", "-h", ip("pg1"), "-U", "postgres", "-c", "CREATE DATABASE hordeops")
+        subprocess.run([str(VENV / "python"), "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT,
+                       env=self.env, check=True)  # fmt: skip
+        sh(*in_ns("pg2", *as_postgres, str(self.pg_bin / "pg_basebackup"), "-h", ip("pg1"), "-U", "postgres",
+                  "-D", str(data2), "-R", "-X", "stream", "-c", "fast"))  # fmt: skip
+        options = f"-c listen_addresses={ip('pg2')} -k {self.workdir / 'pg2'} -c hot_standby=on"
+        sh(*in_ns("pg2", *as_postgres, str(self.pg_bin / "pg_ctl"), "-D", str(data2), "-o", options,
+                  "-l", str(self.workdir / "pg2" / "log"), "-w", "start"))  # fmt: skip
+        self.pg2_data = data2
+
+    def pg_ctl(self, host: str, data: Path, *args: str, check: bool = True) -> None:
+        as_postgres = ["runuser", "-u", "postgres", "--"]
+        sh(*in_ns(host, *as_postgres, str(self.pg_bin / "pg_ctl"), "-D", str(data), *args), check=check)
+
+    def stop_replica(self) -> None:
+        self.pg_ctl("pg2", self.pg2_data, "-m", "immediate", "-w", "stop")
+
+    def redis(self) -> None:
+        base = [
+            "redis-server",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
+        self.start("redis1", in_ns("redis1", *base, "--bind", ip("redis1")))
+        self.start(
+            "redis2", in_ns("redis2", *base, "--bind", ip("redis2"), "--replicaof", ip("redis1"), "6379")
+        )
+        time.sleep(0.5)
+        for port in SENTINEL_PORTS:
+            conf = self.workdir / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind {ROOT_IP}\ndir {self.workdir}\nprotected-mode no\n"
+                f"sentinel monitor mymaster {ip('redis1')} 6379 2\n"
+                "sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n"
+            )
+            self.start(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
+        import redis
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client = redis.Redis(host=ROOT_IP, port=SENTINEL_PORTS[0], socket_timeout=1)
+                if client.sentinel_slaves("mymaster") and len(client.sentinel_sentinels("mymaster")) >= 2:
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the sentinels did not find the replica")
+            time.sleep(0.2)
+
+    def primary_redis(self) -> str:
+        import redis
+
+        client = redis.Redis(host=ROOT_IP, port=SENTINEL_PORTS[0], socket_timeout=1)
+        host = client.sentinel_get_master_addr_by_name("mymaster")[0]
+        return host.decode() if isinstance(host, bytes) else host
+
+    def web(self) -> None:
+        for host in ("web1", "web2"):
+            gunicorn = [str(VENV / "gunicorn"), "hordeops.asgi:application",
+                        "-k", "hordeops.web_worker.QuietUvicornWorker", "-w", "2",
+                        "-b", f"{ip(host)}:8000", "--log-level", "warning", "--keep-alive", "75",
+                        "--forwarded-allow-ips", ""]  # fmt: skip
+            self.start(host, in_ns(host, *gunicorn), env=self.env)
+        python = str(VENV / "python")
+        celery = [python, "-m", "celery", "-A", "hordeops"]
+        worker = [*celery, "worker", "--pool=solo", "--loglevel=WARNING"]
+        self.start(
+            "celery", [*worker, "--without-heartbeat", "--without-gossip", "--without-mingle"], env=self.env
+        )
+        schedule = f"--schedule={self.workdir / 'beat-schedule'}"
+        self.start("beat", [*celery, "beat", "--loglevel=WARNING", schedule], env=self.env)
+        for host in ("web1", "web2"):
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if (
+                        httpx.get(f"http://{ip(host)}:8000/api/v2/status/heartbeat", timeout=2).status_code
+                        == 200
+                    ):
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{host} did not come up: {(self.workdir / f'{host}.log').read_text()[-2000:]}"
+                    )
+                time.sleep(0.3)
+
+    def stop(self) -> None:
+        for name in self.processes:
+            try:
+                self.kill(name)
+            except subprocess.TimeoutExpired:
+                pass
+        for host, data in (("pg2", self.workdir / "pg2" / "data"), ("pg1", self.workdir / "pg1" / "data")):
+            if data.exists():
+                self.pg_ctl(host, data, "-m", "immediate", "-w", "stop", check=False)
+
+
+class Timeline:
+    """Every call of the load: when, and whether it succeeded; and how each stream ended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[float, str, bool, str]] = []  # (time, what, ok, detail)
+        self.streams: list[tuple[float, str]] = []  # (time, "done" | "error_event" | "cut" | "refused ...")
+
+    def call(self, what: str, ok: bool, detail: str = "", *, started: float | None = None) -> None:
+        """A call's outcome, filed at the time it was made (a timeout is the fault of then)."""
+        with self.lock:
+            self.calls.append((started or time.monotonic(), what, ok, detail))
+
+    def stream(self, outcome: str) -> None:
+        with self.lock:
+            self.streams.append((time.monotonic(), outcome))
+
+
+def requester(base: str, key: str, stop: threading.Event, timeline: Timeline, sent: list) -> None:
+    # A stream whose job was lost with a host waits for its lease to lapse and the job to be
+    # handed out again, at worst until its request expires (TEXT_REQUEST_LIFETIME_SECONDS):
+    # the read timeout outlasts that, so that its end (the error event) is seen.
+    with httpx.Client(base_url=base, timeout=120, headers={"apikey": key}) as client:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                if random.random() < 0.5:
+                    body = {"prompt": "Once", "models": [MODEL], "params": {"max_length": 32}}
+                    answer = client.post("/api/v2/generate/text/async", json=body)
+                    timeline.call("queue", answer.status_code == 202, str(answer.status_code))
+                    if answer.status_code == 202:
+                        sent.append(answer.json()["id"])
+                else:
+                    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+                            "max_tokens": 32}  # fmt: skip
+                    with client.stream("POST", "/v1/chat/completions", json=body,
+                                       headers={"Authorization": f"Bearer {key}"}) as streamed:  # fmt: skip
+                        if streamed.status_code != 200:
+                            streamed.read()
+                            timeline.call("stream", False, str(streamed.status_code), started=started)
+                            timeline.stream(f"refused {streamed.status_code}")
+                            continue
+                        lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+                    if lines and lines[-1] == "data: [DONE]":
+                        errors = any('"error"' in line for line in lines)
+                        timeline.stream("error_event" if errors else "done")
+                        timeline.call("stream", not errors, "error event" if errors else "")
+                    elif any('"error"' in line for line in lines):
+                        timeline.stream("error_event")
+                        timeline.call("stream", False, "error event")
+                    else:
+                        timeline.stream("cut")
+                        timeline.call("stream", False, "cut")
+            except httpx.HTTPError as failed:
+                timeline.call("requester", False, type(failed).__name__, started=started)
+                stop.wait(0.2)
+
+
+def worker(
+    base: str, key: str, name: str, stop: threading.Event, timeline: Timeline, accepted: Counter
+) -> None:
+    pop = {"name": name, "models": [MODEL], "chat": True, "max_length": 512, "max_context_length": 4096}
+    with httpx.Client(base_url=base, timeout=30, headers={"apikey": key}) as client:
+        while not stop.is_set():
+            try:
+                answer = client.post("/api/v2/generate/text/pop", json=pop)
+                timeline.call("pop", answer.status_code == 200, str(answer.status_code))
+                job = answer.json() if answer.status_code == 200 else {}
+                if not job.get("id"):
+                    stop.wait(0.1 if answer.status_code == 200 else 0.5)
+                    continue
+                for seq, delta in enumerate(["Hello", " there."], start=1):
+                    client.post(
+                        "/api/v2/generate/text/progress", json={"id": job["id"], "seq": seq, "delta": delta}
+                    )
+                    time.sleep(0.05)
+                done = client.post(
+                    "/api/v2/generate/text/submit", json={"id": job["id"], "generation": "Hello there."}
+                )
+                timeline.call("submit", done.status_code in (200, 400, 409), str(done.status_code))
+                if done.status_code == 200:
+                    accepted[job["id"]] += 1
+            except httpx.HTTPError as failed:
+                timeline.call("worker", False, type(failed).__name__)
+                stop.wait(0.2)
+
+
+def recovery(timeline: Timeline, faults: list[tuple[str, float, float]]) -> dict:
+    """For each fault: the errors in its window (calls made then; streams by when they ended),
+    and for how long after it calls were refused outright (an HTTP error status): the time the
+    horde took to serve again. A stream that ended with its error event, or a call cut by a host
+    dying under it, is counted, not timed: it may end long after (a request's whole life)."""
+    report = {}
+    for name, started, until in faults:
+        window = [c for c in timeline.calls if started <= c[0] < until]
+        failures = [c for c in window if not c[2]]
+        refusals = [c[0] for c in failures if c[3].isdigit()]
+        streams = Counter(outcome for when, outcome in timeline.streams if started <= when < until)
+        report[name] = {
+            "errors": dict(Counter(f"{c[1]} {c[3]}".strip() for c in failures)),
+            "streams": dict(streams),
+            "refused_for_seconds": round(max(refusals, default=started) - started, 2),
+        }
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--settle", type=float, default=15, help="seconds between faults")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: the hosts are network namespaces")
+    workdir = Path(tempfile.mkdtemp(prefix="hordeops-cluster-"))
+    cluster = Cluster(workdir)
+    proxy = None
+    try:
+        note("network")
+        make_network()
+        note("postgres primary and replica")
+        cluster.postgres()
+        note("redis, its replica and three sentinels")
+        cluster.redis()
+        os.environ.update(cluster.env)
+        import django
+
+        django.setup()
+        from workers.services import create_account
+
+        _, requester_key = create_account(name="cluster-requester", trusted=True)
+        _, owner_key = create_account(name="cluster-owner", trusted=True)
+        from django.db import connections
+
+        connections.close_all()
+        note("web hosts, celery")
+        cluster.web()
+        from tests.live import HAProxy
+
+        proxy = HAProxy([f"http://{ip('web1')}:8000", f"http://{ip('web2')}:8000"])
+        base = proxy.url
+        note(f"load through {base}")
+        stop, timeline, sent, accepted = threading.Event(), Timeline(), [], Counter()
+        threads = [
+            threading.Thread(target=requester, args=(base, requester_key, stop, timeline, sent))
+            for _ in range(6)
+        ]
+        threads += [
+            threading.Thread(target=worker, args=(base, owner_key, f"cw-{n}", stop, timeline, accepted))
+            for n in range(6)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(args.settle)
+        faults: list[tuple[str, float]] = []
+
+        note("1. web1 cut off from Redis for 5 s")
+        faults.append(("web1_cut_from_redis_5s", time.monotonic()))
+        for host in ("redis1", "redis2"):
+            sh(*in_ns("web1", "ip", "route", "add", "blackhole", f"{ip(host)}/32"))
+        time.sleep(5)
+        for host in ("redis1", "redis2"):
+            sh(*in_ns("web1", "ip", "route", "del", "blackhole", f"{ip(host)}/32"))
+        time.sleep(args.settle)
+
+        note("2. the Redis primary killed")
+        named_before = cluster.primary_redis()
+        faults.append(("redis_primary_killed", time.monotonic()))
+        cluster.kill("redis1")
+        promoted_at = None
+        while promoted_at is None and time.monotonic() - faults[-1][1] < 30:
+            try:
+                if cluster.primary_redis() != named_before:
+                    promoted_at = time.monotonic()
+            except Exception:  # noqa: BLE001 - a sentinel busy electing
+                pass
+            time.sleep(0.1)
+        time.sleep(args.settle)
+
+        note("3. the PostgreSQL replica stopped")
+        faults.append(("postgres_replica_stopped", time.monotonic()))
+        cluster.stop_replica()
+        time.sleep(args.settle)
+
+        note("4. web1 killed")
+        faults.append(("web1_killed", time.monotonic()))
+        cluster.kill("web1")
+        time.sleep(args.settle)
+
+        note("load stopped; waiting for the last requests to end")
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+        # Requests still queued are served by a last worker pass, or expire within their lifetime.
+        from django.db.models import Count, Q
+
+        from jobs.models import Generation, TextRequest
+
+        deadline = time.monotonic() + 120
+        while (
+            TextRequest.objects.filter(state=TextRequest.State.ACTIVE).exists()
+            and time.monotonic() < deadline
+        ):
+            time.sleep(1)
+        windows = [(name, start, faults[i + 1][1] if i + 1 < len(faults) else time.monotonic())
+                   for i, (name, start) in enumerate(faults)]  # fmt: skip
+        states = Counter(TextRequest.objects.values_list("state", flat=True))
+        over_n = TextRequest.objects.annotate(
+            accepted=Count("generations", filter=Q(generations__state=Generation.State.DONE))
+        )
+        accepted_twice = [g for g, n in accepted.items() if n > 1]
+        report = {
+            "bench": "cluster_faults",
+            "requests": dict(states),
+            "lost": states.get(TextRequest.State.ACTIVE, 0),
+            "double_accept": len(accepted_twice) + sum(1 for r in over_n if r.accepted > r.n),
+            "streams": dict(Counter(outcome for _, outcome in timeline.streams)),
+            "calls": len(timeline.calls),
+            "faults": recovery(timeline, windows),
+            "redis_primary": {"before": named_before, "after": cluster.primary_redis()},
+            "redis_promoted_after_seconds": round(promoted_at - faults[1][1], 2) if promoted_at else None,
+        }
+        print(json.dumps(report, indent=2))
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        cluster.stop()
+        tear_down_network()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
