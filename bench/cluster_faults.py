@@ -27,9 +27,10 @@ in this order, each given time to recover before the next:
 
 Reported: requests sent, by final state; `lost` (never reached a final state) and
 `double_accept` (a generation accepted twice, or a request with more accepted generations than
-it asked for), both must be 0; for each fault, the answers that were errors (by status), the
-streams that ended with an error event and the ones cut without one (must be 0), and the
-seconds from the fault until the load's calls succeeded again.
+it asked for), both must be 0; for each fault, the answers that were errors (by status, or the
+client's exception: a call cut by its host dying), the streams that ended with an error event
+and the ones cut without one while their host lived (must be 0), and for how long after the
+fault calls were refused outright.
 """
 
 import argparse
