@@ -387,6 +387,17 @@ def recovery(timeline: Timeline, faults: list[tuple[str, float, float]]) -> dict
     return report
 
 
+def _terminations(log: str) -> dict[str, int]:
+    """HAProxy's termination states of the calls that did not end normally ("----"), by state
+    and backend/server: who closed, and when (HAProxy's manual: "Session state at disconnection")."""
+    found = Counter()
+    for line in log.splitlines():
+        parts = line.split()
+        if len(parts) > 11 and parts[2] == "horde" and not parts[9].startswith("--"):
+            found[f"{parts[9]} {parts[3]} {parts[5]}"] += 1
+    return dict(found)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settle", type=float, default=15, help="seconds between faults")
@@ -418,7 +429,12 @@ def main() -> None:
         cluster.web()
         from tests.live import HAProxy
 
-        proxy = HAProxy([f"http://{ip('web1')}:8000", f"http://{ip('web2')}:8000"])
+        # Each call logged with how it ended (its termination state), to tell what cut a call.
+        logged = {
+            "global\n": "global\n    log stdout format raw local0\n",
+            "defaults\n    mode http\n": "defaults\n    mode http\n    log global\n    option httplog\n",
+        }
+        proxy = HAProxy([f"http://{ip('web1')}:8000", f"http://{ip('web2')}:8000"], replace=logged)
         base = proxy.url
         note(f"load through {base}")
         stop, timeline, sent, accepted = threading.Event(), Timeline(), [], Counter()
@@ -501,6 +517,7 @@ def main() -> None:
             "redis_primary": {"before": named_before, "after": cluster.primary_redis()},
             "redis_promoted_after_seconds": round(promoted_at - faults[1][1], 2) if promoted_at else None,
         }
+        report["proxy_terminations"] = _terminations(proxy.log_path.read_text())
         print(json.dumps(report, indent=2))
     finally:
         if proxy is not None:

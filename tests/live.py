@@ -433,11 +433,14 @@ class HAProxy:
                 continue
             lines.append(line)
         (self.workdir / "haproxy.cfg").write_text("\n".join(lines) + "\n")
-        self.process = subprocess.Popen(
-            [HAPROXY, "-db", "-f", str(self.workdir / "haproxy.cfg")],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        # Its output to a file: a pipe nobody reads would stop it once full.
+        self.log_path = self.workdir / "haproxy.log"
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(
+                [HAPROXY, "-db", "-f", str(self.workdir / "haproxy.cfg")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while True:
             try:
@@ -447,9 +450,7 @@ class HAProxy:
             except httpx.TransportError:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"HAProxy did not start: {self.process.stdout.read() if self.process.stdout else ''}"
-                )
+                raise RuntimeError(f"HAProxy did not start: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.1)
 
     @property
