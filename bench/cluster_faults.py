@@ -204,10 +204,12 @@ class Cluster:
             "--protected-mode",
             "no",
         ]
-        self.start("redis1", in_ns("redis1", *base, "--bind", ip("redis1")))
-        self.start(
-            "redis2", in_ns("redis2", *base, "--bind", ip("redis2"), "--replicaof", ip("redis1"), "6379")
-        )
+        for host in ("redis1", "redis2"):
+            # A replica's full sync writes an RDB file: into the run's own directory.
+            (self.workdir / host).mkdir(exist_ok=True)
+            here = [*base, "--dir", str(self.workdir / host), "--bind", ip(host)]
+            follow = ["--replicaof", ip("redis1"), "6379"] if host == "redis2" else []
+            self.start(host, in_ns(host, *here, *follow))
         time.sleep(0.5)
         for port in SENTINEL_PORTS:
             conf = self.workdir / f"sentinel-{port}.conf"
