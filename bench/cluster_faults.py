@@ -52,24 +52,17 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import VENV  # noqa: E402
+from bench.fleet import SETTINGS as FLEET_SETTINGS  # noqa: E402
 
 BRIDGE, PREFIX, NET = "hzbr0", "hz-", "10.77.0"
 HOSTS = {"web1": 11, "web2": 12, "redis1": 21, "redis2": 22, "pg1": 31, "pg2": 32}
 ROOT_IP = f"{NET}.1"
 SENTINEL_PORTS = (26371, 26372, 26373)
 MODEL = "cluster-model"
+# The fleet's (short leases, no bounds), with requests that live 90 s: the run is shorter.
 SETTINGS = {
-    "TEXT_JOB_LEASE_SECONDS": "8",
-    "TEXT_JOB_PREPARATION_SECONDS": "2",
-    "TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS": "24",
-    "UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS": "16",
-    "STALE_GENERATION_PASS_SECONDS": "2",
+    **FLEET_SETTINGS,
     "TEXT_REQUEST_LIFETIME_SECONDS": "90",
-    "WORKER_ONLINE_SECONDS": "60",
-    "WORKER_ABORT_MAINTENANCE_THRESHOLD": "100000",
-    "ACCOUNT_MAX_WAITING_REQUESTS": "100000",
-    "KEY_RATE_PER_SECOND": "0",
-    "ADDRESS_RATE_PER_SECOND": "0",
     "WORKER_LIMIT_UNTRUSTED": "100000",
     "WORKER_LIMIT_TRUSTED": "100000",
     "LOG_LEVEL": "WARNING",

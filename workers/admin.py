@@ -555,16 +555,11 @@ class AddressTimeoutAdmin(admin.ModelAdmin):
     def get_search_results(self, request, queryset, search_term):
         # An address finds the timeouts that hold it, networks included.
         try:
-            address = ipaddress.ip_address(search_term.strip())
+            ipaddress.ip_address(search_term.strip())
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
-        holding = [
-            row.pk
-            for row in queryset
-            if address.version == timeouts.network(row.network).version
-            and address in timeouts.network(row.network)
-        ]
-        return queryset.filter(pk__in=holding), False
+        holding = queryset.holding(search_term)
+        return queryset.filter(pk__in=[row.pk for row in holding]), False
 
     @admin.display(description="left")
     def left(self, row: AddressTimeout) -> str:

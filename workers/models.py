@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from hordeops import timeouts
 from hordeops.keys import ANONYMOUS_API_KEY
 from workers.capacity import capacity, capacity_expression, online_since
 
@@ -268,6 +269,16 @@ MAX_TIMEOUT_HOURS = 24 * 30
 class AddressTimeoutQuerySet(models.QuerySet["AddressTimeout"]):
     def active(self, now: datetime) -> "AddressTimeoutQuerySet":
         return self.filter(until__gt=now)
+
+    def holding(self, address_or_network: str) -> list["AddressTimeout"]:
+        """The timeouts whose network holds this address or network (ValueError if it is
+        neither): the admin's search and `/api/v2/operations/ipaddr/{ipaddr}` ask it."""
+        asked = timeouts.network(address_or_network)
+        return [
+            row
+            for row in self
+            if (held := timeouts.network(row.network)).version == asked.version and asked.subnet_of(held)
+        ]
 
 
 class AddressTimeout(models.Model):

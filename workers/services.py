@@ -207,10 +207,7 @@ def time_out_address(
 ) -> AddressTimeout:
     """Put an address or a network into timeout until `until` (a timeout it has already is
     replaced), and have every web process refuse it within a second (`hordeops.timeouts`)."""
-    try:
-        name = timeouts.shown(timeouts.network(network))
-    except ValueError:
-        raise errors.BadRequest("Invalid IP Address") from None
+    name = _timeout_name(network)
     with transaction.atomic():
         row, _ = AddressTimeout.objects.update_or_create(
             network=name,
@@ -223,14 +220,19 @@ def time_out_address(
 
 def lift_address_timeouts(*, networks: list[str], by: str, now: datetime) -> int:
     """End the timeouts of these addresses or networks (as `time_out_address` names them)."""
-    try:
-        names = [timeouts.shown(timeouts.network(network)) for network in networks]
-    except ValueError:
-        raise errors.BadRequest("Invalid IP Address") from None
+    names = [_timeout_name(network) for network in networks]
     lifted, _ = AddressTimeout.objects.filter(network__in=names).delete()
     publish_address_timeouts(now=now)
     logger.info("timeouts of %s lifted by %s", ", ".join(names), by)
     return lifted
+
+
+def _timeout_name(network: str) -> str:
+    """An address or network as its timeout is named (`AddressTimeout.network`), or 400."""
+    try:
+        return timeouts.shown(timeouts.network(network))
+    except ValueError:
+        raise errors.BadRequest("Invalid IP Address") from None
 
 
 def publish_address_timeouts(*, now: datetime) -> int:

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hordeops import clock, errors, timeouts
+from hordeops import clock, errors
 from hordeops.replica import replica_reads
 from hordeops.serializers import (
     APIKEY_AUTH,
@@ -256,16 +256,9 @@ class OperationsIPSingleView(APIView):
         """The timeouts that hold an address or a network."""
         _moderator(request)
         try:
-            asked = timeouts.network(ipaddr)
+            holding = AddressTimeout.objects.active(clock.now()).holding(ipaddr)
         except ValueError:
             raise errors.BadRequest("Invalid IP Address") from None
-        rows = AddressTimeout.objects.active(clock.now())
-        holding = [
-            row
-            for row in rows
-            if timeouts.network(row.network).version == asked.version
-            and asked.subnet_of(timeouts.network(row.network))
-        ]
         return Response(_timeouts_answer(holding))
 
 
