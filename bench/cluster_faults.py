@@ -14,11 +14,12 @@ The hosts, each a network namespace on one bridge (10.77.0.0/24), with its own a
     (the root)   three Redis sentinels, HAProxy running docs/examples/haproxy.cfg in front of
                  web1 and web2, a Celery worker and beat, and the load
 
-The load, for the whole run: requester threads queueing horde text requests and polling them
-to their end, and streaming chat requests read to their last event; worker threads popping,
-posting progress on chat jobs and submitting, all through HAProxy. Leases are short (as in
-bench/fleet.py) so that jobs held by a lost host are restarted within the run. The faults,
-in this order, each given time to recover before the next:
+The load, for the whole run: requester threads queueing horde text requests and streaming
+chat requests read to their last event; worker threads popping, posting progress on chat jobs
+and submitting, all through HAProxy (the workers start first, and serve what the requesters
+left queued once they stop). Leases are short (as in bench/fleet.py) so that jobs held by a
+lost host are restarted within the run. The faults, in this order, each given time to recover
+before the next:
 
     1. web1 cut off from Redis for 5 s (blackhole routes to both Redis hosts in its namespace)
     2. the Redis primary killed (SIGKILL): the sentinels promote the replica
@@ -28,9 +29,10 @@ in this order, each given time to recover before the next:
 Reported: requests sent, by final state; `lost` (never reached a final state) and
 `double_accept` (a generation accepted twice, or a request with more accepted generations than
 it asked for), both must be 0; for each fault, the answers that were errors (by status, or the
-client's exception: a call cut by its host dying), the streams that ended with an error event
-and the ones cut without one while their host lived (must be 0), and for how long after the
-fault calls were refused outright.
+client's exception, which must not happen: HAProxy answers a call a dying host held), the streams
+that ended with an error event and the ones cut (a host dying mid-reply: nothing is left to send
+its error event), and for how long after the fault calls were refused outright (503); whether
+the cut streams' replies could be read afterwards; HAProxy's termination states.
 """
 
 import argparse
@@ -294,7 +296,7 @@ class Timeline:
             self.streams.append((time.monotonic(), outcome))
 
 
-def requester(base: str, key: str, stop: threading.Event, timeline: Timeline, sent: list) -> None:
+def requester(base: str, key: str, stop: threading.Event, timeline: Timeline, cut: list) -> None:
     # A stream whose job was lost with a host waits for its lease to lapse and the job to be
     # handed out again, at worst until its request expires (TEXT_REQUEST_LIFETIME_SECONDS):
     # the read timeout outlasts that, so that its end (the error event) is seen.
@@ -306,32 +308,39 @@ def requester(base: str, key: str, stop: threading.Event, timeline: Timeline, se
                     body = {"prompt": "Once", "models": [MODEL], "params": {"max_length": 32}}
                     answer = client.post("/api/v2/generate/text/async", json=body)
                     timeline.call("queue", answer.status_code == 202, str(answer.status_code))
-                    if answer.status_code == 202:
-                        sent.append(answer.json()["id"])
                 else:
-                    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True,
-                            "max_tokens": 32}  # fmt: skip
-                    with client.stream("POST", "/v1/chat/completions", json=body,
-                                       headers={"Authorization": f"Bearer {key}"}) as streamed:  # fmt: skip
-                        if streamed.status_code != 200:
-                            streamed.read()
-                            timeline.call("stream", False, str(streamed.status_code), started=started)
-                            timeline.stream(f"refused {streamed.status_code}")
-                            continue
-                        lines = [line for line in streamed.iter_lines() if line.startswith("data: ")]
-                    if lines and lines[-1] == "data: [DONE]":
-                        errors = any('"error"' in line for line in lines)
-                        timeline.stream("error_event" if errors else "done")
-                        timeline.call("stream", not errors, "error event" if errors else "")
-                    elif any('"error"' in line for line in lines):
-                        timeline.stream("error_event")
-                        timeline.call("stream", False, "error event")
-                    else:
-                        timeline.stream("cut")
-                        timeline.call("stream", False, "cut")
+                    _stream(client, key, timeline, cut)
             except httpx.HTTPError as failed:
                 timeline.call("requester", False, type(failed).__name__, started=started)
                 stop.wait(0.2)
+
+
+def _stream(client: httpx.Client, key: str, timeline: Timeline, cut: list) -> None:
+    """One streamed chat request read to its end. One cut short (its host died while it
+    streamed) is filed with its request's id, to look for its reply afterwards."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 32}
+    lines: list[str] = []
+    with client.stream("POST", "/v1/chat/completions", json=body,
+                       headers={"Authorization": f"Bearer {key}"}) as streamed:  # fmt: skip
+        if streamed.status_code != 200:
+            streamed.read()
+            # Filed when answered: a refusal belongs to the fault that was on then.
+            timeline.call("stream", False, str(streamed.status_code))
+            timeline.stream(f"refused {streamed.status_code}")
+            return
+        try:
+            lines.extend(line for line in streamed.iter_lines() if line.startswith("data: "))
+        except httpx.TransportError:
+            pass  # cut: told below
+    errors = any('"error"' in line for line in lines)
+    if lines and (lines[-1] == "data: [DONE]" or errors):
+        timeline.stream("error_event" if errors else "done")
+        timeline.call("stream", not errors, "error event" if errors else "")
+        return
+    timeline.stream("cut")
+    timeline.call("stream", False, "cut")
+    if lines:
+        cut.append(json.loads(lines[0][6:])["id"].removeprefix("chatcmpl-"))
 
 
 def worker(
@@ -363,16 +372,26 @@ def worker(
                 stop.wait(0.2)
 
 
+def _wait_for_model(base: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        models = httpx.get(f"{base}/api/v2/status/models", params={"type": "text"}, timeout=5)
+        if any(model["name"] == MODEL for model in models.json()):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"no worker served {MODEL}")
+
+
 def recovery(timeline: Timeline, faults: list[tuple[str, float, float]]) -> dict:
     """For each fault: the errors in its window (calls made then; streams by when they ended),
-    and for how long after it calls were refused outright (an HTTP error status): the time the
-    horde took to serve again. A stream that ended with its error event, or a call cut by a host
-    dying under it, is counted, not timed: it may end long after (a request's whole life)."""
+    and for how long after it calls were refused outright (503: no host could take them): the
+    time the horde took to serve again. A call a dying host held (502), a stream that ended with
+    its error event or was cut by its host's death are counted, not timed."""
     report = {}
     for name, started, until in faults:
         window = [c for c in timeline.calls if started <= c[0] < until]
         failures = [c for c in window if not c[2]]
-        refusals = [c[0] for c in failures if c[3].isdigit()]
+        refusals = [c[0] for c in failures if c[3] == "503"]
         streams = Counter(outcome for when, outcome in timeline.streams if started <= when < until)
         report[name] = {
             "errors": dict(Counter(f"{c[1]} {c[3]}".strip() for c in failures)),
@@ -380,6 +399,18 @@ def recovery(timeline: Timeline, faults: list[tuple[str, float, float]]) -> dict
             "refused_for_seconds": round(max(refusals, default=started) - started, 2),
         }
     return report
+
+
+def _replies_read_after(base: str, key: str, cut: list[str]) -> dict[str, int]:
+    """A stream cut by its host's death leaves its request to go on: the other host takes the
+    worker's submit. Its reply is then read by the request's id (the stream's `chatcmpl-<id>`)."""
+    read = 0
+    with httpx.Client(base_url=base, timeout=10, headers={"apikey": key}) as client:
+        for request_id in cut:
+            status = client.get(f"/api/v2/generate/text/status/{request_id}")
+            if status.status_code == 200 and any(g.get("text") for g in status.json()["generations"]):
+                read += 1
+    return {"count": len(cut), "reply_read_after": read}
 
 
 def _terminations(log: str) -> dict[str, int]:
@@ -432,16 +463,23 @@ def main() -> None:
         proxy = HAProxy([f"http://{ip('web1')}:8000", f"http://{ip('web2')}:8000"], replace=logged)
         base = proxy.url
         note(f"load through {base}")
-        stop, timeline, sent, accepted = threading.Event(), Timeline(), [], Counter()
-        threads = [
-            threading.Thread(target=requester, args=(base, requester_key, stop, timeline, sent))
-            for _ in range(6)
-        ]
-        threads += [
-            threading.Thread(target=worker, args=(base, owner_key, f"cw-{n}", stop, timeline, accepted))
+        # Two stops: the requesters stop first, and the workers serve what they left queued.
+        stop_requests, stop_workers = threading.Event(), threading.Event()
+        timeline, cut, accepted = Timeline(), [], Counter()
+        workers = [
+            threading.Thread(
+                target=worker, args=(base, owner_key, f"cw-{n}", stop_workers, timeline, accepted)
+            )
             for n in range(6)
         ]
-        for thread in threads:
+        requesters = [
+            threading.Thread(target=requester, args=(base, requester_key, stop_requests, timeline, cut))
+            for _ in range(6)
+        ]
+        for thread in workers:
+            thread.start()
+        _wait_for_model(base)  # checked in by the workers' first pops: no request is refused 404
+        for thread in requesters:
             thread.start()
         time.sleep(args.settle)
         faults: list[tuple[str, float]] = []
@@ -479,11 +517,10 @@ def main() -> None:
         cluster.kill("web1")
         time.sleep(args.settle)
 
-        note("load stopped; waiting for the last requests to end")
-        stop.set()
-        for thread in threads:
-            thread.join(60)
-        # Requests still queued are served by a last worker pass, or expire within their lifetime.
+        note("requesters stopped; the workers serve what is left")
+        stop_requests.set()
+        for thread in requesters:
+            thread.join(120)
         from django.db.models import Count, Q
 
         from jobs.models import Generation, TextRequest
@@ -494,6 +531,9 @@ def main() -> None:
             and time.monotonic() < deadline
         ):
             time.sleep(1)
+        stop_workers.set()
+        for thread in workers:
+            thread.join(60)
         windows = [(name, start, faults[i + 1][1] if i + 1 < len(faults) else time.monotonic())
                    for i, (name, start) in enumerate(faults)]  # fmt: skip
         states = Counter(TextRequest.objects.values_list("state", flat=True))
@@ -512,6 +552,7 @@ def main() -> None:
             "redis_primary": {"before": named_before, "after": cluster.primary_redis()},
             "redis_promoted_after_seconds": round(promoted_at - faults[1][1], 2) if promoted_at else None,
         }
+        report["streams_cut_with_their_host"] = _replies_read_after(base, requester_key, cut)
         report["proxy_terminations"] = _terminations(proxy.log_path.read_text())
         print(json.dumps(report, indent=2))
     finally:

@@ -1,8 +1,11 @@
 """The shipped HAProxy example (docs/examples/haproxy.cfg, Debian's HAProxy) in front of two web
 processes: the routes pass through it, a chat reply that waits longer than the API's server
-timeout is not cut, and a host killed under load costs its clients nothing."""
+timeout is not cut, a host killed under load costs its clients nothing, and the calls a dying
+host held are sent to the other or answered."""
 
 import json
+import os
+import signal
 import time
 
 import httpx
@@ -60,4 +63,95 @@ def test_behind_haproxy_a_waiting_stream_lasts_and_a_dead_host_costs_nothing(liv
                 time.sleep(0.15)
         assert set(answers) == {200, 202}, answers
     finally:
+        proxy.stop()
+
+
+@pytest.mark.live_env(TRUSTED_PROXIES="127.0.0.1")
+def test_calls_a_dying_host_held_go_to_the_other_or_are_answered_502(live_stack, make_caller):
+    # Every call to the first host while it is up, so that all the calls below reach it.
+    proxy = HAProxy(live_stack.urls, replace={"balance leastconn": "balance first"})
+    requester, owner = make_caller("dying-host-requester"), make_caller("dying-host-owner")
+    horde = {"apikey": requester.api_key}
+    clients: list[httpx.Client] = []
+    try:
+        worker = ChatWorker(proxy.url, owner.api_key, name="dying-host-w", model="chat-model")
+        clients.append(worker.http)
+        assert worker.pop()["id"] is None  # checks in; its connection is kept for the next pop
+
+        def client() -> httpx.Client:
+            # Each call on a connection that has served one already: HAProxy answers the first
+            # call of a connection whose host died 502 whatever its configuration.
+            made = httpx.Client(base_url=proxy.url, timeout=30)
+            clients.append(made)
+            assert made.get("/api/v2/status/heartbeat").status_code == 200
+            return made
+
+        polling, queueing, chatting = client(), client(), client()
+        chat = {"model": "chat-model", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+
+        hung = live_stack.servers[0].process
+        os.kill(hung.pid, signal.SIGSTOP)  # the host hangs: the calls wait in its backlog
+        calls = {
+            "pop": Background(worker.pop),
+            "poll": Background(polling.get, "/api/v2/status/models", params={"type": "text"}),
+            "queue": Background(
+                queueing.post, "/api/v2/generate/text/async", headers=horde, json={"prompt": "Once"}
+            ),
+            "chat": Background(
+                chatting.post,
+                "/v1/chat/completions",
+                headers={"Authorization": f"Bearer {requester.api_key}"},
+                json=chat,
+            ),
+        }
+        time.sleep(0.5)
+        hung.kill()  # then dies: the kernel resets the connections it never read
+        answers = {name: call.result() for name, call in calls.items()}
+
+        # The workers' call (ChatWorker.pop asserts its 200) and the read went to the other
+        # host, which answered them.
+        assert answers["pop"]["id"] is None
+        assert answers["poll"].status_code == 200
+        # The requesters' calls that may have queued a request are answered, in each API's
+        # shape, and the SDKs are told not to send them again.
+        queued, chatted = answers["queue"], answers["chat"]
+        assert (queued.status_code, queued.json()["rc"]) == (502, "HostLost"), queued.text
+        assert chatted.status_code == 502, chatted.text
+        assert chatted.json()["error"]["type"] == "api_error", chatted.text
+        assert queued.headers["x-should-retry"] == chatted.headers["x-should-retry"] == "false"
+    finally:
+        for made in clients:
+            made.close()
+        proxy.stop()
+
+
+@pytest.mark.live_env(TRUSTED_PROXIES="127.0.0.1")
+def test_a_stream_cut_by_its_host_dying_leaves_its_reply_to_be_read_by_its_id(live_stack, make_caller):
+    proxy = HAProxy(live_stack.urls, replace={"balance leastconn": "balance first"})
+    requester, owner = make_caller("cut-stream-requester"), make_caller("cut-stream-owner")
+    worker = ChatWorker(proxy.url, owner.api_key, name="cut-stream-w", model="chat-model")
+    try:
+        assert worker.pop()["id"] is None
+        body = {"model": "chat-model", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        headers = {"Authorization": f"Bearer {requester.api_key}"}
+        # The reply's head waits for its first output.
+        serving = Background(lambda: (worker.pop_job(), worker.progress("Half")))
+        with httpx.Client(base_url=proxy.url, timeout=30) as client:
+            with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as streamed:
+                assert serving.result()[1].status_code == 200
+                lines = streamed.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                live_stack.servers[0].process.kill()  # the stream's host, mid-reply
+                with pytest.raises(httpx.RemoteProtocolError):
+                    list(lines)
+            # The worker goes on through the other host; the reply is kept under the stream's id.
+            assert worker.progress(" and whole.").status_code == 200
+            assert worker.submit("Half and whole.").status_code == 200
+            request_id = json.loads(first[6:])["id"].removeprefix("chatcmpl-")
+            status = client.get(f"/api/v2/generate/text/status/{request_id}")
+        assert status.status_code == 200, status.text
+        assert status.json()["done"] is True
+        assert [g["text"] for g in status.json()["generations"]] == ["Half and whole."]
+    finally:
+        worker.close()
         proxy.stop()
