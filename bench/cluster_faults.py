@@ -55,6 +55,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import VENV  # noqa: E402
 from bench.fleet import SETTINGS as FLEET_SETTINGS  # noqa: E402
+from tests.live import (  # noqa: E402
+    SENTINEL_SERVICE,
+    HAProxy,
+    answers_heartbeat,
+    sentinel_conf,
+    sentinel_knows_replica,
+    sentinel_primary,
+)
 
 BRIDGE, PREFIX, NET = "hzbr0", "hz-", "10.77.0"
 HOSTS = {"web1": 11, "web2": 12, "redis1": 21, "redis2": 22, "pg1": 31, "pg2": 32}
@@ -121,7 +129,7 @@ class Cluster:
             "DATABASE_REPLICA_URL": f"postgres://postgres@{ip('pg2')}:5432/hordeops",
             "REDIS_URL": f"redis://{ip('redis1')}:6379/0",
             "REDIS_SENTINELS": ",".join(f"{ROOT_IP}:{port}" for port in SENTINEL_PORTS),
-            "REDIS_SENTINEL_SERVICE": "mymaster",
+            "REDIS_SENTINEL_SERVICE": SENTINEL_SERVICE,
             "TRUSTED_PROXIES": ROOT_IP,
             "ALLOWED_HOSTS": ",".join(
                 ["127.0.0.1", "localhost", ROOT_IP, *(ip(h) for h in ("web1", "web2"))]
@@ -209,31 +217,17 @@ class Cluster:
         for port in SENTINEL_PORTS:
             conf = self.workdir / f"sentinel-{port}.conf"
             conf.write_text(
-                f"port {port}\nbind {ROOT_IP}\ndir {self.workdir}\nprotected-mode no\n"
-                f"sentinel monitor mymaster {ip('redis1')} 6379 2\n"
-                "sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n"
+                sentinel_conf(port, bind=ROOT_IP, workdir=self.workdir, primary=(ip("redis1"), 6379))
             )
             self.start(f"sentinel-{port}", ["redis-server", str(conf), "--sentinel"])
-        import redis
-
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                client = redis.Redis(host=ROOT_IP, port=SENTINEL_PORTS[0], socket_timeout=1)
-                if client.sentinel_slaves("mymaster") and len(client.sentinel_sentinels("mymaster")) >= 2:
-                    return
-            except redis.RedisError:
-                pass
+        while not sentinel_knows_replica(ROOT_IP, SENTINEL_PORTS[0]):
             if time.monotonic() > deadline:
                 raise RuntimeError("the sentinels did not find the replica")
             time.sleep(0.2)
 
     def primary_redis(self) -> str:
-        import redis
-
-        client = redis.Redis(host=ROOT_IP, port=SENTINEL_PORTS[0], socket_timeout=1)
-        host = client.sentinel_get_master_addr_by_name("mymaster")[0]
-        return host.decode() if isinstance(host, bytes) else host
+        return sentinel_primary(ROOT_IP, SENTINEL_PORTS[0])[0]
 
     def web(self) -> None:
         for host in ("web1", "web2"):
@@ -252,15 +246,7 @@ class Cluster:
         self.start("beat", [*celery, "beat", "--loglevel=WARNING", schedule], env=self.env)
         for host in ("web1", "web2"):
             deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if (
-                        httpx.get(f"http://{ip(host)}:8000/api/v2/status/heartbeat", timeout=2).status_code
-                        == 200
-                    ):
-                        break
-                except httpx.TransportError:
-                    pass
+            while not answers_heartbeat(f"http://{ip(host)}:8000"):
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         f"{host} did not come up: {(self.workdir / f'{host}.log').read_text()[-2000:]}"
@@ -453,8 +439,6 @@ def main() -> None:
         connections.close_all()
         note("web hosts, celery")
         cluster.web()
-        from tests.live import HAProxy
-
         # Each call logged with how it ended (its termination state), to tell what cut a call.
         logged = {
             "global\n": "global\n    log stdout format raw local0\n",

@@ -117,24 +117,24 @@ def _start_server(env: dict[str, str]) -> LiveServer:
     return LiveServer(url=f"http://127.0.0.1:{port}", process=process, log=log)
 
 
+def answers_heartbeat(base_url: str) -> bool:
+    """Whether the web app at `base_url` (or a proxy in front of it) answers its heartbeat 200."""
+    try:
+        return httpx.get(f"{base_url}/api/v2/status/heartbeat", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def _wait_until_up(server: LiveServer, deadline: float) -> None:
-    with httpx.Client(timeout=2) as client:
-        while True:
-            if server.process.poll() is not None:
-                output = server.output()
-                if "address already in use" in output.lower():
-                    raise PortTaken(server.url)
-                raise RuntimeError(f"uvicorn exited with {server.process.returncode}:\n{output}")
-            try:
-                if client.get(f"{server.url}/api/v2/status/heartbeat").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"uvicorn at {server.url} did not answer its heartbeat:\n{server.output()}"
-                )
-            time.sleep(0.1)
+    while not answers_heartbeat(server.url):
+        if server.process.poll() is not None:
+            output = server.output()
+            if "address already in use" in output.lower():
+                raise PortTaken(server.url)
+            raise RuntimeError(f"uvicorn exited with {server.process.returncode}:\n{output}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn at {server.url} did not answer its heartbeat:\n{server.output()}")
+        time.sleep(0.1)
 
 
 class PrivateRedis:
@@ -187,12 +187,50 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
         server.kill()
 
 
+SENTINEL_SERVICE = "mymaster"
+
+
+def sentinel_conf(port: int, *, bind: str, workdir: Path, primary: tuple[str, int]) -> str:
+    """A sentinel's configuration (`redis-server FILE --sentinel`): it watches `primary` as
+    SENTINEL_SERVICE with two sentinels to agree, takes it for down a second after it stops
+    answering, and fails over within 5 s."""
+    host, primary_port = primary
+    return (
+        f"port {port}\nbind {bind}\ndir {workdir}\nprotected-mode no\n"
+        f"sentinel monitor {SENTINEL_SERVICE} {host} {primary_port} 2\n"
+        f"sentinel down-after-milliseconds {SENTINEL_SERVICE} 1000\n"
+        f"sentinel failover-timeout {SENTINEL_SERVICE} 5000\n"
+    )
+
+
+def sentinel_knows_replica(host: str, port: int) -> bool:
+    """Whether the sentinel at host:port knows the primary's replica and another sentinel."""
+    import redis
+
+    try:
+        client = redis.Redis(host=host, port=port, socket_timeout=1)
+        return (
+            bool(client.sentinel_slaves(SENTINEL_SERVICE))
+            and len(client.sentinel_sentinels(SENTINEL_SERVICE)) >= 2
+        )
+    except redis.RedisError:
+        return False
+
+
+def sentinel_primary(host: str, port: int) -> tuple[str, int]:
+    """The primary the sentinel at host:port names now."""
+    import redis
+
+    client = redis.Redis(host=host, port=port, socket_timeout=1)
+    address, primary_port = client.sentinel_get_master_addr_by_name(SENTINEL_SERVICE)
+    return (address.decode() if isinstance(address, bytes) else address), int(primary_port)
+
+
 class SentinelRedis:
     """Redis as Sentinel keeps it, all of the test's own: a primary, a replica of it and three
-    sentinels (`redis-server --sentinel`) that watch the primary as `mymaster`, fail over a
-    second after it stops answering, and name the new primary to every client that asks."""
+    sentinels (`sentinel_conf`) that name the new primary to every client that asks."""
 
-    SERVICE = "mymaster"
+    SERVICE = SENTINEL_SERVICE
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -212,38 +250,22 @@ class SentinelRedis:
         for port in self.sentinel_ports:
             conf = self.workdir / f"sentinel-{port}.conf"
             conf.write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
-                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 2\n"
-                f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
-                f"sentinel failover-timeout {self.SERVICE} 5000\n"
+                sentinel_conf(
+                    port, bind="127.0.0.1", workdir=self.workdir, primary=("127.0.0.1", self.primary.port)
+                )
             )
             self.sentinels.append(
                 subprocess.Popen(["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL)
             )
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-        while not all(self._knows_replica(port) for port in self.sentinel_ports):
+        while not all(sentinel_knows_replica("127.0.0.1", port) for port in self.sentinel_ports):
             if time.monotonic() > deadline:
                 raise RuntimeError("the sentinels did not find the replica")
             time.sleep(0.1)
 
-    def _knows_replica(self, port: int) -> bool:
-        import redis
-
-        try:
-            client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
-            return (
-                bool(client.sentinel_slaves(self.SERVICE))
-                and len(client.sentinel_sentinels(self.SERVICE)) >= 2
-            )
-        except redis.RedisError:
-            return False
-
     def primary_port(self) -> int:
         """The port of the primary the sentinels name now."""
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=self.sentinel_ports[0], socket_timeout=1)
-        return int(client.sentinel_get_master_addr_by_name(self.SERVICE)[1])
+        return sentinel_primary("127.0.0.1", self.sentinel_ports[0])[1]
 
     def stop(self) -> None:
         for process in self.sentinels:
@@ -442,13 +464,7 @@ class HAProxy:
                 stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-        while True:
-            try:
-                with httpx.Client(timeout=2) as client:
-                    if client.get(f"{self.url}/api/v2/status/heartbeat").status_code == 200:
-                        return
-            except httpx.TransportError:
-                pass
+        while not answers_heartbeat(self.url):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"HAProxy did not start: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.1)
