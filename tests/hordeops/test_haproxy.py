@@ -8,9 +8,12 @@ import os
 import signal
 import time
 
+import anthropic
 import httpx
+import openai
 import pytest
 
+from jobs.models import TextRequest
 from tests.live import Background, ChatWorker, HAProxy
 
 pytestmark = pytest.mark.parametrize("live_stack", [2], indirect=True)
@@ -66,6 +69,15 @@ def test_behind_haproxy_a_waiting_stream_lasts_and_a_dead_host_costs_nothing(liv
         proxy.stop()
 
 
+def _raised(call, **kwargs) -> Exception:
+    """What `call` raised (the test fails if it returned)."""
+    try:
+        call(**kwargs)
+    except Exception as raised:  # noqa: BLE001 - handed to the test's assertions
+        return raised
+    raise AssertionError(f"{call} returned")
+
+
 @pytest.mark.live_env(TRUSTED_PROXIES="127.0.0.1")
 def test_calls_a_dying_host_held_go_to_the_other_or_are_answered_502(live_stack, make_caller):
     # Every call to the first host while it is up, so that all the calls below reach it.
@@ -86,8 +98,13 @@ def test_calls_a_dying_host_held_go_to_the_other_or_are_answered_502(live_stack,
             assert made.get("/api/v2/status/heartbeat").status_code == 200
             return made
 
-        polling, queueing, chatting = client(), client(), client()
-        chat = {"model": "chat-model", "messages": [{"role": "user", "content": "Hi"}], "stream": True}
+        polling, queueing = client(), client()
+        # The SDKs with their default retries, each having listed the models first (as a
+        # client does), on the connection it keeps if HAProxy lets it.
+        chat = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=requester.api_key)
+        messages = anthropic.Anthropic(base_url=proxy.url, api_key=requester.api_key)
+        assert chat.models.list().data and messages.models.list().data
+        hi = [{"role": "user", "content": "Hi"}]
 
         hung = live_stack.servers[0].process
         os.kill(hung.pid, signal.SIGSTOP)  # the host hangs: the calls wait in its backlog
@@ -98,10 +115,10 @@ def test_calls_a_dying_host_held_go_to_the_other_or_are_answered_502(live_stack,
                 queueing.post, "/api/v2/generate/text/async", headers=horde, json={"prompt": "Once"}
             ),
             "chat": Background(
-                chatting.post,
-                "/v1/chat/completions",
-                headers={"Authorization": f"Bearer {requester.api_key}"},
-                json=chat,
+                _raised, chat.chat.completions.create, model="chat-model", messages=hi, stream=True
+            ),
+            "messages": Background(
+                _raised, messages.messages.create, model="chat-model", max_tokens=16, messages=hi, stream=True
             ),
         }
         time.sleep(0.5)
@@ -113,12 +130,19 @@ def test_calls_a_dying_host_held_go_to_the_other_or_are_answered_502(live_stack,
         assert answers["pop"]["id"] is None
         assert answers["poll"].status_code == 200
         # The requesters' calls that may have queued a request are answered, in each API's
-        # shape, and the SDKs are told not to send them again.
-        queued, chatted = answers["queue"], answers["chat"]
+        # shape, and the SDKs are told not to send them again: they raise at once, and nothing
+        # was queued (a request sent again would be, by the other host).
+        queued = answers["queue"]
         assert (queued.status_code, queued.json()["rc"]) == (502, "HostLost"), queued.text
-        assert chatted.status_code == 502, chatted.text
-        assert chatted.json()["error"]["type"] == "api_error", chatted.text
-        assert queued.headers["x-should-retry"] == chatted.headers["x-should-retry"] == "false"
+        assert queued.headers["x-should-retry"] == "false"
+        for name, sdk_error in (
+            ("chat", openai.InternalServerError),
+            ("messages", anthropic.InternalServerError),
+        ):
+            raised = answers[name]
+            assert isinstance(raised, sdk_error) and raised.status_code == 502, repr(raised)
+            assert "stopped before it answered" in raised.message, raised.message
+        assert not TextRequest.objects.filter(account=requester.account).exists()
     finally:
         for made in clients:
             made.close()
