@@ -22,11 +22,9 @@ import pytest
 from psycopg import sql
 
 from tests.bridge.engine import ENGINE_PYTHON, Engine, write_model
-from tests.live import ROOT, database_url, free_port
+from tests.live import ROOT, PrivateRedis, database_url, free_port
 
 STACK_STARTUP_SECONDS = 120
-# A Redis database of the stack's own: its Celery queue and leases meet no other test's.
-STACK_REDIS_URL = "redis://127.0.0.1:6379/13"
 # Short leases and a stale pass every second: a reply that outlives the base lease is kept only
 # by its progress posts, and one that loses its lease is taken back within seconds.
 STACK_SETTINGS = {
@@ -78,19 +76,21 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest) -> Iterator[Stack]:
-    """`bin/stack` as the README starts it, on a new database it creates and migrates."""
+    """`bin/stack` as the README starts it, on a new database it creates and migrates, and a
+    redis-server of its own: its Celery queue and leases meet no other test's, nor another run's."""
     name = f"hordeops_bridge_{uuid.uuid4().hex[:8]}"
     port = free_port()
+    redis = PrivateRedis(Path(tempfile.mkdtemp(prefix="hordeops-stack-redis-")))
+    redis.start()
+    request.addfinalizer(redis.kill)
     env = {
         **os.environ,
         **STACK_SETTINGS,
         "PORT": str(port),
         "DATABASE_URL": _on_database(name),
-        "REDIS_URL": STACK_REDIS_URL,
+        "REDIS_URL": redis.url,
         "PYTHONUNBUFFERED": "1",
     }
-    subprocess.run(["redis-cli", "-n", STACK_REDIS_URL.rsplit("/", 1)[1], "flushdb"], check=True,
-                   capture_output=True)  # fmt: skip
     log = Path(tempfile.mkstemp(prefix="hordeops-stack-", suffix=".log")[1])
     with log.open("w") as out:
         process = subprocess.Popen(

@@ -22,6 +22,18 @@ import httpx
 from tests.live import ROOT, free_port
 
 ENGINE_PYTHON = ROOT / ".venv-engine" / "bin" / "python"
+LOG_TAIL_LINES = 40
+# What the engine inherits: llama-cpp-python's server reads its settings from the environment
+# too (PORT and HOST over its --port and --host), so the user's own are not passed on.
+ENGINE_ENVIRONMENT = ("PATH", "HOME", "LANG", "TMPDIR", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def engine_environment() -> dict[str, str]:
+    """A clean environment for the engine: only what a process needs to run."""
+    kept = {name: os.environ[name] for name in ENGINE_ENVIRONMENT if name in os.environ}
+    return {**kept, "PYTHONUNBUFFERED": "1"}
+
+
 STARTUP_TIMEOUT_SECONDS = 60
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -122,23 +134,28 @@ class Engine:
             [str(ENGINE_PYTHON), "-m", "llama_cpp.server", "--model", str(self.model), "--host", "127.0.0.1",
              "--port", str(self.port), "--n_ctx", str(self.context), "--n_threads", str(self.threads),
              "--n_threads_batch", str(self.threads), "--interrupt_requests", "False"],
-            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=self.log, stderr=subprocess.STDOUT, env=engine_environment(),
         )  # fmt: skip
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the engine exited with {self.process.returncode}:\n{self.output()}")
+                raise RuntimeError(f"the engine exited with {self.process.returncode}:\n{self.output_tail()}")
             try:
                 if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the engine did not answer:\n{self.output()}")
+                raise RuntimeError(f"the engine did not answer:\n{self.output_tail()}")
             time.sleep(0.2)
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
+
+    def output_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The end of the engine's log, where the reason it stopped is: the whole log of a model
+        load runs to thousands of lines."""
+        return "\n".join(self.output().splitlines()[-lines:])
 
     def disconnects(self) -> int:
         """How many streams the engine saw its client leave (its own log line)."""
