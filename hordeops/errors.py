@@ -249,6 +249,15 @@ class ServiceUnavailable(DomainError):
     default_message = "The horde cannot reach its database or Redis right now."
 
 
+class ServerStopping(ServiceUnavailable):
+    """The web process serving a chat request is stopping (a deploy or a restart)."""
+
+    default_message = (
+        "The horde's web process serving this request is restarting. The request is cancelled "
+        "and not charged: send it again."
+    )
+
+
 class DatabaseLost(ServiceUnavailable):
     """PostgreSQL stopped answering while a chat request waited or streamed."""
 

@@ -3,11 +3,16 @@
 import gc
 import os
 import signal
+import socket
+import sys
 from types import FrameType
 
 from django.conf import settings
+from gunicorn.arbiter import Arbiter
+from uvicorn.server import Server
 from uvicorn.workers import UvicornWorker
 
+from hordeops.stopping import run_stop_hooks
 from hordeops.web_protocol import BoundedHeadProtocol
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
@@ -46,6 +51,16 @@ def settle_gc() -> None:
     gc.set_threshold(*settings.WEB_GC_THRESHOLDS)
 
 
+class StoppingServer(Server):
+    """uvicorn's server, running the apps' stop hooks (`hordeops.stopping`) as its shutdown
+    begins: the open chat streams are ended with their error event and their requests
+    cancelled, instead of being held until gunicorn's graceful timeout kills them mid-reply."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await run_stop_hooks()
+        await super().shutdown(sockets=sockets)
+
+
 class QuietUvicornWorker(UvicornWorker):
     """uvicorn's worker, exiting 0 on a normal stop.
 
@@ -61,7 +76,8 @@ class QuietUvicornWorker(UvicornWorker):
     Here it exits 0 at once (`os._exit`, which no code it interrupts can catch), and once a worker
     is exiting it ignores every stop signal.
 
-    Once the app is loaded, the process's garbage collector is settled (`settle_gc`).
+    Once the app is loaded, the process's garbage collector is settled (`settle_gc`). Its server
+    runs the apps' stop hooks first when it stops (`StoppingServer`).
 
     Its connections speak `hordeops.web_protocol.BoundedHeadProtocol`: uvicorn's httptools
     protocol with each request head bounded in size and time, and the connections a process
@@ -81,3 +97,11 @@ class QuietUvicornWorker(UvicornWorker):
 
     def _install_sigquit_handler(self) -> None:
         pass  # SIGQUIT keeps init_signals' handler, set outside the loop so it outlives it
+
+    async def _serve(self) -> None:
+        # uvicorn's own, with the server that runs the stop hooks.
+        self.config.app = self.wsgi
+        server = StoppingServer(config=self.config)
+        await server.serve(sockets=self.sockets)
+        if not server.started:
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)

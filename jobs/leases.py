@@ -21,7 +21,7 @@ from django_redis import get_redis_connection
 from hordeops import metrics
 from jobs import sql
 from jobs.models import Generation
-from jobs.relay import APPEND_LUA, KEY_GRACE_SECONDS, relay_key
+from jobs.relay import APPEND_LUA, FOLLOWER_GONE_LUA, KEY_GRACE_SECONDS, followed_key, relay_key
 
 
 class Outcome(StrEnum):
@@ -36,6 +36,7 @@ class Outcome(StrEnum):
     DEAD = "dead"  # the lease was ended (aborted, cancelled, submitted): refused
     TOO_LONG = "too_long"  # past the job's output bound: refused
     LOST = "lost"  # Redis lost the lease (a restart) and nobody follows the request: refused
+    GONE = "gone"  # the request's follower is gone (its web process died): refused
 
 
 # What a worker is told, of the outcomes it is told at all (the progress answer's `lease`).
@@ -62,12 +63,14 @@ def initial_job_ttl(cap: int) -> int:
 # Redis that started after the pop reads as lost (a restart), not as a worker's first post.
 SINCE_KEY = "hordeops:leases-since"
 
-# KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash, SINCE_KEY.
+# KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash, SINCE_KEY, the
+#       request's followed key.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
 #       key ttl, tokens, minute hash ttl, output limit (bytes).
 # Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
 # lapsed, retry, gap, dead, too_long (the delta would take the output past its limit: it is
-# neither relayed nor counted, and its seq is not taken), lost.
+# neither relayed nor counted, and its seq is not taken), lost, gone (the request had a follower
+# and has none now: nothing is relayed to no one).
 # A missing lease is made from the row's values (ARGV). Past a first post (seq > 1) in a Redis
 # that started after the pop, it was lost: rebuilt taking this seq as the next one while a
 # requester still follows the relay channel, else `lost`.
@@ -102,6 +105,9 @@ local state = redis.call('HMGET', lease, '{KILLED_FIELD}', 'last_seq', 'lease_en
 if state[1] then
   -- Killed, perhaps before any post created it: the other fields may be missing.
   return {'{DEAD}', state[3] or '0', tonumber(state[2]) or 0}
+end
+if follower_gone(relay, KEYS[6]) then
+  return {'{GONE}', state[3], tonumber(state[2])}
 end
 local last, lease_end, cap_end = tonumber(state[2]), tonumber(state[3]), tonumber(state[4])
 if seq <= last then
@@ -141,7 +147,7 @@ return {'{GRANTED}', wanted, seq}
 """
 # The outcomes as the script writes them (the enum's values) and the killed field's name,
 # put in where `{NAME}` stands.
-RENEW_SCRIPT = (APPEND_LUA + _RENEW_LUA).replace("{KILLED_FIELD}", KILLED_FIELD)
+RENEW_SCRIPT = (APPEND_LUA + FOLLOWER_GONE_LUA + _RENEW_LUA).replace("{KILLED_FIELD}", KILLED_FIELD)
 for _outcome in Outcome:
     RENEW_SCRIPT = RENEW_SCRIPT.replace("{" + _outcome.name + "}", _outcome.value)
 assert not re.search(r"\{[A-Z_]+\}", RENEW_SCRIPT), "a placeholder of the lease script has no value"
@@ -198,6 +204,7 @@ def renew(generation: Generation, *, seq: int, delta: str, tokens: int | None, n
             metrics.METRICS_KEY,
             metrics.minute_key(now),
             SINCE_KEY,
+            followed_key(generation.request_id),
         ],
         args=[
             repr(now.timestamp()),
@@ -250,6 +257,18 @@ def states(generation_ids: list[UUID]) -> list[dict[str, str]]:
     for generation_id in generation_ids:
         pipe.hgetall(lease_key(generation_id))
     return [{k.decode(): v.decode() for k, v in raw.items()} for raw in pipe.execute()]
+
+
+def at_submit(generation: Generation) -> tuple[str | None, bool]:
+    """What a submit reads of a relayed generation, in one round trip: the worker's last
+    reported token count (None if it sent none) and whether its request's follower is gone."""
+    request_id = generation.request_id
+    pipe = _redis().pipeline(transaction=False)
+    pipe.hget(lease_key(generation.pk), "tokens")
+    pipe.exists(followed_key(request_id))
+    pipe.pubsub_numsub(relay_key(request_id))
+    tokens, followed, ((_, subscribers),) = pipe.execute()
+    return (tokens.decode() if tokens else None), bool(followed) and not subscribers
 
 
 def state(generation_id: UUID) -> dict[str, str]:

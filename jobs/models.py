@@ -33,6 +33,10 @@ class TextRequestQuerySet(models.QuerySet["TextRequest"]):
         """Requests with work still to hand out; matches the `request_pop_queue` index."""
         return self.filter(state=TextRequest.State.ACTIVE, queued__gt=0)
 
+    def relayed_active(self) -> "TextRequestQuerySet":
+        """Active requests whose requester follows them on the relay (`TextRequest.relayed`)."""
+        return self.filter(Q(kind=TextRequest.Kind.CHAT) | Q(followed=True), state=TextRequest.State.ACTIVE)
+
 
 class Ending(models.TextChoices):
     """Why a request that did not finish ended: the one vocabulary of its `ending` column, its
@@ -46,7 +50,7 @@ class Ending(models.TextChoices):
     ABORTED = "generation_aborted", "its streaming worker stopped delivering"
     GIVEN_BACK = "generation_given_back", "its streaming worker gave it back"
     UPSTREAM_INVALID = "upstream_stream_invalid", "its stream gave no output in preflight"
-    UNAVAILABLE = "ServiceUnavailable", "the horde lost Redis or its database"
+    UNAVAILABLE = "ServiceUnavailable", "the horde lost Redis, its database or the requester's web process"
 
 
 class TextRequest(models.Model):

@@ -11,6 +11,13 @@ connection per stream: a follower subscribes, waits until Redis confirms the sub
 reads the backlog from the stream, then takes the live events, skipping any it has read.
 While it follows any request, the hub also watches PostgreSQL (`hordeops.dbprobe`): with the
 database gone no output can come, so every follower is failed as a lost Redis fails them.
+
+A follower is known to be alive, not assumed: once its subscription holds it marks the request
+followed (`followed_key`), and from then on a request that is marked but whose channel has no
+subscriber has lost its follower (its web process died: Redis drops a dead process's
+connection, and with it the subscription). `FOLLOWER_GONE_LUA` and `followers_gone` tell;
+the progress posts, the submit and the stale pass cancel such a request. A web process that
+stops (`stop_following`) fails its followers first, so that each stream gets its error event.
 """
 
 import asyncio
@@ -71,6 +78,36 @@ return relay_append(KEYS[1], tonumber(ARGV[1]), fields)
 
 def relay_key(request_id: UUID | str) -> str:
     return f"hordeops:relay:{request_id}"
+
+
+def followed_key(request_id: UUID | str) -> str:
+    """Set once a follower's subscription to the request's channel holds."""
+    return f"hordeops:followed:{request_id}"
+
+
+# follower_gone(relay, followed): whether the request had a follower and its channel has none now.
+FOLLOWER_GONE_LUA = """
+local function follower_gone(relay, followed)
+  return redis.call('EXISTS', followed) == 1 and redis.call('PUBSUB', 'NUMSUB', relay)[2] == 0
+end
+"""
+
+
+def followers_gone(request_ids: list[UUID]) -> set[UUID]:
+    """Those of the requests that had a follower and have none now, in one round trip."""
+    if not request_ids:
+        return set()
+    pipe = get_redis_connection("default").pipeline(transaction=False)
+    for request_id in request_ids:
+        pipe.exists(followed_key(request_id))
+    pipe.pubsub_numsub(*(relay_key(request_id) for request_id in request_ids))
+    *marked, subscribers = pipe.execute()
+    followed = {channel.decode(): count for channel, count in subscribers}
+    return {
+        request_id
+        for request_id, was_followed in zip(request_ids, marked, strict=True)
+        if was_followed and not followed.get(relay_key(request_id))
+    }
 
 
 @dataclass(frozen=True)
@@ -226,9 +263,13 @@ class _Hub:
             del self._followers[follower.channel]
             self._chore(self._unsubscribe(follower.channel))
 
-    async def read(self, key: str) -> list[Event]:
-        """Every entry of the stream so far: a new follower's backlog."""
-        entries = await self._backlog.xrange(key)
+    async def read(self, key: str, *, followed: str) -> list[Event]:
+        """Every entry of the stream so far: a new follower's backlog. Its subscription holds,
+        so the request is marked `followed` in the same round trip."""
+        pipe = self._backlog.pipeline(transaction=False)
+        pipe.set(followed, 1, ex=settings.TEXT_REQUEST_LIFETIME_SECONDS + KEY_GRACE_SECONDS)
+        pipe.xrange(key)
+        _, entries = await pipe.execute()
         return [
             Event.from_entry(entry_id.decode(), {k.decode(): v.decode() for k, v in raw.items()})
             for entry_id, raw in entries
@@ -337,6 +378,18 @@ class _Hub:
 
 
 _hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Hub]" = weakref.WeakKeyDictionary()
+# Set when this process stops: no new follower is taken.
+_stopping = False
+
+
+async def stop_following() -> None:
+    """The web process is stopping: every follower of this event loop's hub gets
+    ServerStopping (its stream's error event, its request cancelled), and so does any later one."""
+    global _stopping
+    _stopping = True
+    hub = _hubs.get(asyncio.get_running_loop())
+    if hub is not None:
+        hub._fail(errors.ServerStopping())
 
 
 def _hub() -> _Hub:
@@ -354,12 +407,14 @@ async def events(request_id: UUID) -> AsyncIterator[Event]:
     went away) leaves the hub on the way out. A lost Redis connection raises RedisError, a
     lost database DatabaseLost.
     """
+    if _stopping:
+        raise errors.ServerStopping()
     hub = _hub()
     key = relay_key(request_id)
     follower = await hub.follow(key)
     try:
         last = (0, 0)
-        for event in await hub.read(key):
+        for event in await hub.read(key, followed=followed_key(request_id)):
             last = _order(event.id)
             yield event
         while True:

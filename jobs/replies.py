@@ -3,8 +3,9 @@
 `Exchange._follow` owns the request from its queueing to its answer. Whenever it stops, one
 `finally` closes the relay follower and, unless the request ended on its own, cancels it with
 the ending that stopped it: the requester went away, its deadline ran out, its stream gave no
-output, or the relay was lost. Nothing restarts a cancelled request. Before the stream commits,
-a failure is the answer's status; after, the protocol's error event, and the stream just ends.
+output, the relay was lost, or the web process is stopping. Nothing restarts a cancelled
+request. Before the stream commits, a failure is the answer's status; after, the protocol's
+error event, and the stream just ends.
 """
 
 import asyncio
@@ -101,6 +102,9 @@ class Exchange:
                     raise
                 except errors.DatabaseLost:
                     ending, database_lost = Ending.UNAVAILABLE, True
+                    raise
+                except errors.ServerStopping:
+                    ending = Ending.UNAVAILABLE
                     raise
                 except (redis.exceptions.RedisError, errors.ServiceUnavailable):
                     # Nobody would read the job's output: it is cancelled, not served after recovery.

@@ -3,7 +3,8 @@
 A generation settles once, keyed by its id, whether by its worker's submit or by its request's
 cancellation after output: the worker's owner is paid what `kudos.rates.generation_kudos` says
 for the tokens it delivered, minted by the treasury (half of it to escrow while the owner is
-untrusted); the requester pays the same, burned into the sink, unless the result was censored.
+untrusted); the requester pays the same, burned into the sink, unless the result was censored
+or the horde failed to deliver it (`charged`).
 The event also adds to both accounts' records (`Event.records`): the tokens paid for and one job.
 """
 
@@ -58,8 +59,11 @@ def settle_generation(
     payer_id: int,
     result: str,
     now: datetime,
+    charged: bool = True,
 ) -> Settlement:
-    """The event that settles a generation of `tokens` delivered tokens of `model`."""
+    """The event that settles a generation of `tokens` delivered tokens of `model`. Not
+    `charged`: the horde failed to deliver them to the requester, who pays nothing and is not
+    counted as using them; the worker's owner is paid all the same."""
     earned = rates.kudos(
         rates.generation_kudos(
             tokens=things(tokens, max_length=max_length),
@@ -70,7 +74,7 @@ def settle_generation(
         )
     )
     held = ZERO if earner.trusted or earner.anonymous else rates.escrowed(earned, uptime=False)
-    cost = ZERO if result == CENSORED else earned
+    cost = ZERO if result == CENSORED or not charged else earned
     entries = [
         to_system(Wallet.System.TREASURY, -earned),
         to_account(earner.account_id, earned - held),
@@ -79,7 +83,7 @@ def settle_generation(
         to_system(Wallet.System.SINK, cost),
     ]
     paid_tokens = things(tokens, max_length=max_length)
-    records = {payer_id: {"usage_tokens": paid_tokens, "request_text": 1}}
+    records = {payer_id: {"usage_tokens": paid_tokens, "request_text": 1}} if charged else {}
     earner_records = records.setdefault(earner.account_id, {})
     earner_records.update(contribution_tokens=paid_tokens, fulfillment_text=1)
     params = event_params(

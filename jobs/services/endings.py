@@ -169,6 +169,21 @@ def cancel_deferred(*, pending: dict[UUID, Ending] | None = None, now: datetime 
     return list(reasons)
 
 
+def cancel_unfollowed(*, now: datetime | None = None) -> list[UUID]:
+    """Cancel the active relayed requests whose follower is gone (`jobs.relay.followers_gone`:
+    its web process died), those no worker's post has found yet included. Returns them."""
+    active = list(TextRequest.objects.relayed_active().values_list("pk", flat=True))
+    try:
+        gone = relay.followers_gone(active)
+    except redis.exceptions.RedisError:
+        return []  # unknown now; the next pass asks again
+    for request_id in gone:
+        cancel_request(request_id=request_id, reason=Ending.UNAVAILABLE, now=now)
+    if gone:
+        logger.info("cancelled %d requests whose requester's web process is gone", len(gone))
+    return list(gone)
+
+
 def _redis():
     return get_redis_connection("default")
 
@@ -180,7 +195,9 @@ def _cancel_generations(max_lengths: dict[UUID, int], reason: Ending, now: datet
     Usage is unknown (the worker never confirmed a final count); the tokens relayed are the
     worker's last reported count within what it relayed (`jobs.claims`), or the relayed bytes
     / 4. No text is kept. A generation cancelled after it relayed output settles for those
-    tokens (`kudos.earning`): its worker's owner is paid for what was delivered.
+    tokens (`kudos.earning`): its worker's owner is paid for what was delivered, and its
+    requester charged for it unless the horde itself lost the stream (`Ending.UNAVAILABLE`:
+    Redis, the database or the requester's web process), when nobody may have received it.
     """
     if not max_lengths:
         return
@@ -213,16 +230,20 @@ def _cancel_generations(max_lengths: dict[UUID, int], reason: Ending, now: datet
         params = {"ids": generation_ids, "settlement": settlement, "now": now}
         cursor.execute(sql.cancel_generations(), params)
         cancelled = {generation_id for (generation_id,) in cursor.fetchall()}
-    _pay_delivered({g: tokens for g, tokens in delivered.items() if g in cancelled}, now)
+    charged = reason != Ending.UNAVAILABLE
+    _pay_delivered({g: tokens for g, tokens in delivered.items() if g in cancelled}, now, charged=charged)
 
 
-def _pay_delivered(delivered: dict[UUID, int], now: datetime) -> None:
-    """Settle cancelled generations for the tokens they delivered, in the caller's transaction."""
+def _pay_delivered(delivered: dict[UUID, int], now: datetime, *, charged: bool) -> None:
+    """Settle cancelled generations for the tokens they delivered, in the caller's transaction;
+    their requesters pay only if `charged`."""
     if not delivered:
         return
     paid = Generation.objects.filter(pk__in=delivered).select_related("worker__account", "request")
     for generation in paid.defer("request__prompt", "request__messages", "text"):
-        settled = settle(generation, tokens=delivered[generation.pk], result=Generation.Result.OK, now=now)
+        settled = settle(
+            generation, tokens=delivered[generation.pk], result=Generation.Result.OK, now=now, charged=charged
+        )
         # The rows in the submit's order (generation, request, worker, then wallets): no cycle.
         Generation.objects.filter(pk=generation.pk).update(reward=settled.earned)
         TextRequest.objects.filter(pk=generation.request_id).update(

@@ -91,3 +91,19 @@ def refuse_past_deadline(*, text_request: TextRequest, now: datetime) -> None:
     if text_request.deadline_at and now >= text_request.deadline_at:
         cancel_request(request_id=text_request.pk, reason=Ending.DEADLINE, now=now)
         raise errors.GenerationCancelled("The requester's generation deadline ran out.")
+
+
+REQUESTER_LOST = (
+    "This generation was cancelled: the horde lost the connection of the requester waiting for "
+    "it (the web process that served it stopped). It does not count against the worker."
+)
+
+
+def requester_lost(*, text_request: TextRequest, generation_id: UUID, now: datetime) -> errors.DomainError:
+    """Cancel a request whose follower is gone (`jobs.relay`): nobody can be sent its output,
+    nor charged for it. The error that tells its worker to stop; a request that had already
+    ended otherwise is refused as its generation's state says."""
+    ended = cancel_request(request_id=text_request.pk, reason=Ending.UNAVAILABLE, now=now)
+    if ended.ending == Ending.UNAVAILABLE:
+        return errors.GenerationCancelled(REQUESTER_LOST)
+    return refusal(generation_id=generation_id)

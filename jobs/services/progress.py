@@ -9,7 +9,13 @@ from hordeops import clock, errors
 from jobs import leases
 from jobs.models import Ending, Generation
 from jobs.services.endings import cancel_request
-from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
+from jobs.services.posts import (
+    output_too_long,
+    posted_generation,
+    refusal,
+    refuse_past_deadline,
+    requester_lost,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +45,7 @@ def record_progress(
 
     `leases.renew` decides and writes. A lease that Redis lost (a restart) is rebuilt from the
     row while its requester still follows, and otherwise the request is cancelled and the
-    worker told GenerationCancelled.
+    worker told GenerationCancelled; so is one whose requester's follower is gone.
     """
     now = now or clock.now()
     generation = posted_generation(api_key=api_key, generation_id=generation_id)
@@ -66,6 +72,8 @@ def _refused(
         # nobody would read the output, so the job ends here rather than running for no one.
         cancel_request(request_id=generation.request_id, reason=Ending.UNAVAILABLE, now=now)
         return errors.GenerationCancelled(LOST_MESSAGE)
+    if renewal.outcome == leases.Outcome.GONE:
+        return requester_lost(text_request=generation.request, generation_id=generation.pk, now=now)
     if renewal.outcome == leases.Outcome.TOO_LONG:
         return output_too_long(text_request=generation.request)
     if renewal.outcome == leases.Outcome.GAP:

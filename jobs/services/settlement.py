@@ -6,9 +6,11 @@ from jobs.models import Generation
 from kudos.earning import Earner, Settlement, settle_generation
 
 
-def settle(generation: Generation, *, tokens: int, result: str, now: datetime) -> Settlement:
+def settle(
+    generation: Generation, *, tokens: int, result: str, now: datetime, charged: bool = True
+) -> Settlement:
     """The kudos event of `generation` delivering `tokens`, its worker's account and its request
-    loaded (as `posted_generation` loads them)."""
+    loaded (as `posted_generation` loads them); its requester pays only if `charged`."""
     worker, text_request = generation.worker, generation.request
     return settle_generation(
         generation_id=generation.pk,
@@ -25,4 +27,5 @@ def settle(generation: Generation, *, tokens: int, result: str, now: datetime) -
         payer_id=text_request.account_id,
         result=result,
         now=now,
+        charged=charged,
     )

@@ -14,6 +14,7 @@ from jobs.services.endings import (
     AbortedJob,
     Restart,
     cancel_deferred,
+    cancel_unfollowed,
     expire_past,
     relay_restarts,
     restart_requests,
@@ -34,6 +35,7 @@ class StalePassResult:
     expired_requests: int = 0
     cancelled_by_expiry: int = 0
     deferred_cancellations: int = 0
+    unfollowed: int = 0
     maintenance: list[str] = field(default_factory=list)
 
 
@@ -48,6 +50,8 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
     # First the cancellations that waited for the database (it was down when their requesters
     # left), so that none of their jobs is restarted for nobody.
     result.deferred_cancellations = len(cancel_deferred(now=now))
+    # And those whose requester's web process died: nobody waits for their output.
+    result.unfollowed = len(cancel_unfollowed(now=now))
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute(sql.STALE_PASS_LOCK, [STALE_PASS_LOCK_KEY])

@@ -14,7 +14,13 @@ from hordeops import clock, errors, metrics
 from jobs import claims, leases, relay, sql
 from jobs.models import Ending, Generation
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
-from jobs.services.posts import output_too_long, posted_generation, refusal, refuse_past_deadline
+from jobs.services.posts import (
+    output_too_long,
+    posted_generation,
+    refusal,
+    refuse_past_deadline,
+    requester_lost,
+)
 from jobs.services.requests import estimate_tokens
 from jobs.services.settlement import settle
 from kudos import sizes
@@ -72,9 +78,11 @@ def _submit(
         raise output_too_long(text_request=text_request)
     tokens = estimate_tokens(text, text_request.max_length)
     if text_request.relayed:
+        reported, follower_gone = leases.at_submit(generation)
+        if follower_gone:
+            raise requester_lost(text_request=text_request, generation_id=generation.pk, now=now)
         # A streaming worker's own running count beats the four-characters estimate, within
         # what it handed in.
-        reported = leases.state(generation.pk).get("tokens")
         if reported:
             tokens = claims.tokens(
                 int(reported), max_length=text_request.max_length, output_bytes=len(text.encode())

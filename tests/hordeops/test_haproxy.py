@@ -150,7 +150,7 @@ def test_calls_a_dying_host_held_go_to_the_other_or_are_answered_502(live_stack,
 
 
 @pytest.mark.live_env(TRUSTED_PROXIES="127.0.0.1")
-def test_a_stream_cut_by_its_host_dying_leaves_its_reply_to_be_read_by_its_id(live_stack, make_caller):
+def test_a_stream_cut_by_its_host_dying_is_cancelled_at_the_workers_next_post(live_stack, make_caller):
     proxy = HAProxy(live_stack.urls, replace={"balance leastconn": "balance first"})
     requester, owner = make_caller("cut-stream-requester"), make_caller("cut-stream-owner")
     worker = ChatWorker(proxy.url, owner.api_key, name="cut-stream-w", model="chat-model")
@@ -168,14 +168,14 @@ def test_a_stream_cut_by_its_host_dying_leaves_its_reply_to_be_read_by_its_id(li
                 live_stack.servers[0].process.kill()  # the stream's host, mid-reply
                 with pytest.raises(httpx.RemoteProtocolError):
                     list(lines)
-            # The worker goes on through the other host; the reply is kept under the stream's id.
-            assert worker.progress(" and whole.").status_code == 200
-            assert worker.submit("Half and whole.").status_code == 200
-            request_id = json.loads(first[6:])["id"].removeprefix("chatcmpl-")
-            status = client.get(f"/api/v2/generate/text/status/{request_id}")
-        assert status.status_code == 200, status.text
-        assert status.json()["done"] is True
-        assert [g["text"] for g in status.json()["generations"]] == ["Half and whole."]
+        # Nobody can be sent the rest: the worker's next post, through the other host, is told
+        # to stop, and the requester pays nothing.
+        told = worker.progress(" and whole.")
+        assert told.status_code == 409 and told.json()["rc"] == "GenerationCancelled", told.text
+        request_id = json.loads(first[6:])["id"].removeprefix("chatcmpl-")
+        text_request = TextRequest.objects.get(pk=request_id)
+        assert (text_request.state, text_request.ending) == ("cancelled", "ServiceUnavailable")
+        assert text_request.kudos_spent == 0
     finally:
         worker.close()
         proxy.stop()
