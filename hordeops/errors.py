@@ -275,6 +275,14 @@ class ProtocolValidationError(DomainError):
         self.param = param
 
 
+class ReplyTooLong(ProtocolValidationError):
+    """A /v1 request for a longer reply than any online worker of its model accepts: refused
+    at once, for no worker could take it and it would wait out its life in silence."""
+
+    code = "ReplyTooLong"
+    openai_code = "max_tokens_too_large"
+
+
 class ReplyFailed(DomainError):
     """A chat request that ended without a reply; `openai_code` is its ending (`jobs.models.Ending`)."""
 

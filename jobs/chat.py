@@ -53,6 +53,7 @@ def _start(
         "account": account,
         "model": call.model,
         "max_length": call.max_tokens,
+        "max_length_field": call.max_tokens_field,
         "params": call.params,
         "deadline_at": deadline_at,
     }

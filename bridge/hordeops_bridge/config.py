@@ -19,8 +19,11 @@ from hordeops_bridge import __version__
 BACKENDS = ("openai", "kobold")
 # Where each kind of server listens unless told otherwise: llama-server and KoboldCpp.
 DEFAULT_BACKEND_URLS = {"openai": "http://127.0.0.1:8080", "kobold": "http://127.0.0.1:5001"}
-# Used when neither the volunteer nor the backend says (the AI Horde pop's own defaults).
-DEFAULT_MAX_LENGTH = 512
+# Used when neither the volunteer nor the backend says. The reply: enough for the common
+# clients (KoboldAI Lite asks for 768 tokens, OpenAI's SDKs for as many as workers accept),
+# within half the context so that a prompt keeps the other half. The context: the AI Horde
+# pop's own default, and llama-cpp-python's server's, which does not report its own.
+DEFAULT_MAX_LENGTH = 1024
 DEFAULT_MAX_CONTEXT_LENGTH = 2048
 # The AI Horde worker's YAML names for ours.
 YAML_ALIASES = {"kai_url": "backend_url", "max_threads": "threads", "scribe_name": "worker_name"}
@@ -40,7 +43,7 @@ class Config:
     backend_api_key: str = ""
     model: str = ""
     threads: int = 1
-    max_length: int = 0  # 0: what the backend reports, else DEFAULT_MAX_LENGTH
+    max_length: int = 0  # 0: what the backend reports, else DEFAULT_MAX_LENGTH (`default_lengths`)
     max_context_length: int = 0
     progress_tokens: int = 16
     progress_seconds: float = 0.25
@@ -76,12 +79,18 @@ OPTIONS = [
     Option("backend_api_key", "BACKEND_API_KEY", help="a bearer token for an OpenAI-compatible server"),
     Option("model", "HORDE_MODEL", help="the model name to serve (default: what the backend reports)"),
     Option("threads", "HORDE_THREADS", kind=int, help="jobs served at once (default 1)"),
-    Option("max_length", "HORDE_MAX_LENGTH", kind=int, help="longest reply, in tokens (default 512)"),
+    Option(
+        "max_length",
+        "HORDE_MAX_LENGTH",
+        kind=int,
+        help=f"longest reply, in tokens (default: the backend's limit, else {DEFAULT_MAX_LENGTH} "
+        "or half the context, whichever is less)",
+    ),
     Option(
         "max_context_length",
         "HORDE_MAX_CONTEXT_LENGTH",
         kind=int,
-        help="most prompt and reply tokens (default: the backend's context, else 2048)",
+        help=f"most prompt and reply tokens (default: the backend's, else {DEFAULT_MAX_CONTEXT_LENGTH})",
     ),
     Option("progress_tokens", "HORDE_PROGRESS_TOKENS", kind=int, help="tokens per progress post (16)"),
     Option(
@@ -171,4 +180,40 @@ def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     for name in ("max_length", "max_context_length", "grace_seconds", "pop_interval"):
         if values.get(name, 0) < 0:
             raise ConfigError(f"--{name} must not be negative")
+    if 0 < values.get("max_context_length", 0) < values.get("max_length", 0):
+        # As the horde refuses a request whose reply would not fit its context (TokenOverflow).
+        raise ConfigError(
+            "--max_length must not be more than --max_context_length: a reply is part of the context"
+        )
     return Config(**values)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """What a worker declares at its pop, and where each figure came from (for its log line)."""
+
+    max_length: int
+    max_context_length: int
+    length_from: str
+    context_from: str
+
+
+def lengths(config: Config, reported_length: int | None, reported_context: int | None) -> Lengths:
+    """Each from the volunteer's setting, else what the backend reports, else the default: the
+    reply DEFAULT_MAX_LENGTH within half the context. A reply longer than the context could
+    never be generated, so it is declared as the context at most (only the backend's can be:
+    the settings are checked by `load`)."""
+    context, context_from = _first((config.max_context_length, reported_context), DEFAULT_MAX_CONTEXT_LENGTH)
+    length, length_from = _first((config.max_length, reported_length), min(DEFAULT_MAX_LENGTH, context // 2))
+    if length > context:
+        length, length_from = context, f"{length_from}, cut to the context"
+    return Lengths(max(length, 1), context, length_from, context_from)
+
+
+def _first(given: tuple[int | None, int | None], default: int) -> tuple[int, str]:
+    setting, reported = given
+    if setting:
+        return setting, "set"
+    if reported:
+        return reported, "the backend's"
+    return default, "the bridge's default"

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from hordeops_bridge.backends import Backend, BackendError, BackendInfo, backend_for
-from hordeops_bridge.config import DEFAULT_MAX_CONTEXT_LENGTH, DEFAULT_MAX_LENGTH, Config
+from hordeops_bridge.config import Config, lengths
 from hordeops_bridge.horde import Fatal, Horde, HordeUnreachable
 from hordeops_bridge.job import Job
 from hordeops_bridge.serve import JobServer, Outcome, Served
@@ -111,10 +111,8 @@ class Bridge:
             return 0
         config = self.config
         self.model = config.model or info.model
-        self.max_length = config.max_length or info.max_length or DEFAULT_MAX_LENGTH
-        self.max_context_length = (
-            config.max_context_length or info.max_context_length or DEFAULT_MAX_CONTEXT_LENGTH
-        )
+        declared = lengths(config, info.max_length, info.max_context_length)
+        self.max_length, self.max_context_length = declared.max_length, declared.max_context_length
         self.server = JobServer(
             self.horde,
             self.backend,
@@ -124,14 +122,16 @@ class Bridge:
             verbose=config.verbose,
         )
         log.info(
-            "serving %s as %s from %s (%s), %d threads, max_length %d, max_context_length %d",
+            "serving %s as %s from %s (%s), %d threads, max_length %d (%s), max_context_length %d (%s)",
             self.model,
             config.worker_name,
             config.backend_url,
             config.backend,
             config.threads,
             self.max_length,
+            declared.length_from,
             self.max_context_length,
+            declared.context_from,
         )
         slots = [asyncio.create_task(self._slot()) for _ in range(config.threads)]
         try:

@@ -2,7 +2,6 @@
 
 from jobs.protocols.anthropic_messages import AnthropicMessages
 from jobs.protocols.base import (
-    DEFAULT_REPLY_TOKENS,
     MAX_REPLY_TOKENS,
     ChatCall,
     ChatProtocol,
@@ -29,7 +28,6 @@ def protocol_for_path(path: str) -> ChatProtocol:
 
 
 __all__ = [
-    "DEFAULT_REPLY_TOKENS",
     "MAX_REPLY_TOKENS",
     "PROTOCOLS",
     "AnthropicMessages",

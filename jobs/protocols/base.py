@@ -25,7 +25,6 @@ from rest_framework import serializers
 from hordeops import errors, metrics
 
 MAX_REPLY_TOKENS = 16384
-DEFAULT_REPLY_TOKENS = 1024
 MAX_MESSAGES = 1000
 # The horde's own bounds on `stop_sequence` (as on the text routes' `params`).
 MAX_STOP_SEQUENCES = 128
@@ -38,10 +37,11 @@ class ChatCall:
 
     model: str
     messages: list[dict[str, str]]
-    max_tokens: int
+    max_tokens: int | None  # None: the most the model's online workers accept
     stream: bool
     params: dict[str, Any]
     prompt: str | None = None  # a text completion's prompt, in place of messages
+    max_tokens_field: str = "max_tokens"  # the field the client set it in, for a refusal's `param`
 
 
 @dataclass

@@ -7,7 +7,6 @@ from rest_framework import serializers
 
 from hordeops import errors
 from jobs.protocols.base import (
-    DEFAULT_REPLY_TOKENS,
     MAX_MESSAGES,
     MAX_REPLY_TOKENS,
     MAX_STOP_SEQUENCE_CHARS,
@@ -63,11 +62,12 @@ class OpenAIChat(OpenAIErrors):
 
     def parse(self, body: Any) -> ChatCall:
         data = validated(ChatCompletionInput(data=body))
-        max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or DEFAULT_REPLY_TOKENS
+        field = "max_completion_tokens" if data.get("max_completion_tokens") else "max_tokens"
         return ChatCall(
             model=data["model"],
             messages=[dict(m) for m in data["messages"]],
-            max_tokens=max_tokens,
+            max_tokens=data.get(field),
+            max_tokens_field=field,
             stream=data["stream"],
             params=sampling(data, data.get("stop") or []),
         )

@@ -15,8 +15,6 @@ from jobs.protocols.openai_chat import StopField
 from jobs.protocols.openai_errors import OpenAIErrors
 from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
 
-# OpenAI's default for this API.
-DEFAULT_COMPLETION_TOKENS = 16
 MAX_PROMPT_CHARS = 1_000_000
 
 
@@ -82,7 +80,7 @@ class OpenAICompletions(OpenAIErrors):
         return ChatCall(
             model=data["model"],
             messages=[],
-            max_tokens=data.get("max_tokens") or DEFAULT_COMPLETION_TOKENS,
+            max_tokens=data.get("max_tokens"),
             stream=data["stream"],
             params=sampling(data, data.get("stop") or []),
             prompt=data["prompt"],

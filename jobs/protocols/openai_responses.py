@@ -7,7 +7,6 @@ from rest_framework import serializers
 
 from hordeops import errors
 from jobs.protocols.base import (
-    DEFAULT_REPLY_TOKENS,
     MAX_MESSAGES,
     MAX_REPLY_TOKENS,
     ChatCall,
@@ -120,7 +119,8 @@ class OpenAIResponses(OpenAIErrors):
         return ChatCall(
             model=data["model"],
             messages=messages,
-            max_tokens=data.get("max_output_tokens") or DEFAULT_REPLY_TOKENS,
+            max_tokens=data.get("max_output_tokens"),
+            max_tokens_field="max_output_tokens",
             stream=data["stream"],
             params=sampling(data, []),
         )

@@ -11,11 +11,14 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F, Max
+from django.db.models.functions import Least
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
 from jobs import spending, sql
 from jobs.models import Generation, TextRequest
+from jobs.protocols.base import MAX_REPLY_TOKENS
 from jobs.status import eligible_workers
 from kudos import ledger, rates
 from kudos.models import Event, Wallet
@@ -49,12 +52,40 @@ class QueuedText:
     warning: str | None = None  # NO_WORKER_WARNING when no online worker may be offered it
 
 
-def _require_online_model(model: str, now: datetime, *, chat: bool) -> None:
-    """A /v1 route's model must be one an online worker serves now: a chat worker for a chat
-    (`/v1/models`), any worker for a text completion."""
+def _reply_length(
+    model: str, prompt: str, now: datetime, *, chat: bool, asked: int | None, field: str
+) -> int:
+    """The reply a /v1 request is queued for, decided by the online workers of its model (chat
+    workers for a chat, the ones `/v1/models` lists; any worker for a text completion).
+
+    No such worker: 404 `UnknownModel`. `asked` None (the client set no limit, which OpenAI
+    reads as "as much as the model gives"): the most one of them accepts with this prompt in
+    its context, within MAX_REPLY_TOKENS. An `asked` above every one's `max_length`: refused at
+    once, naming the most accepted, for it would only wait out its life. The workers are read
+    live, in the one statement the model's check needs anyway: a cached view could refuse a
+    request that a worker which just came online would take.
+    """
     online = Worker.objects.online_chat(now) if chat else Worker.objects.online(now)
-    if not online.filter(served_models__overlap=[model]).exists():
+    # The context a request needs, as `_queue_reply` counts it: its prompt and its reply.
+    prompt_size = max(20, prompt_tokens(prompt))
+    limits = online.filter(served_models__overlap=[model]).aggregate(
+        longest=Max("max_length"), fitting=Max(Least("max_length", F("max_context_length") - prompt_size))
+    )
+    longest, fitting = limits["longest"], limits["fitting"]
+    if longest is None:
         raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
+    if asked is None:
+        # A prompt no worker's context holds gets the longest reply: its prompt, not its
+        # length, keeps it waiting, and a shorter reply would not change that.
+        return min(fitting if fitting > 0 else longest, MAX_REPLY_TOKENS)
+    if asked > longest:
+        raise errors.ReplyTooLong(
+            f"{field} is too large: {asked}. The online workers of the model {model[:255]} accept "
+            f"at most {longest} tokens of reply: ask for {longest} or fewer, or leave {field} out "
+            "to get the most they accept.",
+            param=field,
+        )
+    return asked
 
 
 def create_text_request(
@@ -215,15 +246,17 @@ def create_completion_request(
     account: Account,
     model: str,
     prompt: str,
-    max_length: int,
+    max_length: int | None,
     params: dict[str, Any],
     deadline_at: datetime | None = None,
     now: datetime | None = None,
+    max_length_field: str = "max_tokens",
 ) -> TextRequest:
     """Queue a /v1 text completion: a text job of `model` that any of its workers may take (a
-    legacy worker too), followed by its requester on the relay."""
+    legacy worker too), followed by its requester on the relay. `max_length` None: the most
+    they accept (`_reply_length`); `max_length_field` names it as the client did."""
     now = now or clock.now()
-    _require_online_model(model, now, chat=False)
+    max_length = _reply_length(model, prompt, now, chat=False, asked=max_length, field=max_length_field)
     return _queue_reply(
         account,
         now=now,
@@ -242,20 +275,23 @@ def create_chat_request(
     account: Account,
     model: str,
     messages: list[dict[str, str]],
-    max_length: int,
+    max_length: int | None,
     params: dict[str, Any],
     deadline_at: datetime | None = None,
     now: datetime | None = None,
+    max_length_field: str = "max_tokens",
 ) -> TextRequest:
-    """Queue a chat job for one reply of at most `max_length` tokens from `model`."""
+    """Queue a chat job for one reply of at most `max_length` tokens from `model` (None: the
+    most its online chat workers accept, `_reply_length`)."""
     now = now or clock.now()
-    _require_online_model(model, now, chat=True)
+    prompt = render_chat_prompt(messages)
+    max_length = _reply_length(model, prompt, now, chat=True, asked=max_length, field=max_length_field)
     return _queue_reply(
         account,
         now=now,
         deadline_at=deadline_at,
         model=model,
-        prompt=render_chat_prompt(messages),
+        prompt=prompt,
         max_length=max_length,
         kind=TextRequest.Kind.CHAT,
         messages=messages,

@@ -72,6 +72,11 @@ def test_the_backend_url_defaults_to_where_each_kind_of_server_listens(bridge_co
         (["-a", "k", "-n", "w", "--threads", "0"], {}, "--threads must be at least 1"),
         (["-a", "k", "-n", "w"], {"HORDE_THREADS": "many"}, "threads: 'many' is not a valid int"),
         (["-a", "k", "-n", "w", "--config", "/nonexistent.yaml"], {}, "--config /nonexistent.yaml"),
+        (
+            ["-a", "k", "-n", "w", "--max_length", "4096"],
+            {"HORDE_MAX_CONTEXT_LENGTH": "2048"},
+            "--max_length must not be more than --max_context_length",
+        ),
     ],
 )
 def test_a_bad_setting_exits_with_status_2_and_names_it(bridge_command, args, env, said) -> None:

@@ -62,7 +62,8 @@ def test_a_chat_streams_from_the_kobold_stream_route_and_the_pop_declares_its_co
 ) -> None:
     bridge = _kobold_bridge(stack, kobold, accounts, run_bridge, "kobold-bridge")
     bridge.wait_for(
-        rf"serving {kobold.model} as kobold-bridge .*max_length 512, max_context_length {KOBOLD_CONTEXT}"
+        rf"serving {kobold.model} as kobold-bridge .*max_length 512 \(the backend's\), "
+        rf"max_context_length {KOBOLD_CONTEXT} \(the backend's\)"
     )
     worker = httpx.get(f"{stack.url}/api/v2/workers/name/kobold-bridge").json()
     assert (worker["max_length"], worker["max_context_length"]) == (512, KOBOLD_CONTEXT)

@@ -4,6 +4,7 @@ horde is compared with the same request sent to the engine directly), streamed i
 the job's parameters applied by the engine."""
 
 import httpx
+import openai
 import pytest
 
 from tests.bridge.conftest import MODEL, sse_data, until
@@ -166,3 +167,33 @@ def test_a_prompt_longer_than_the_requesters_context_loses_its_start_and_says_so
     expected = _direct(engine, "/v1/completions", prompt=kept, max_tokens=32)
     assert status["generations"][0]["text"] == expected
     bridge.wait_for(r"did not fit its 160 tokens of context: trimmed the prompt's start to \d+ tokens")
+
+
+def test_without_max_length_the_bridge_declares_a_1024_token_reply_and_the_openai_sdk_gets_it(
+    stack, engine, accounts, run_bridge
+) -> None:
+    # llama-cpp-python's server says nothing of its limits: a model entry and no /props.
+    [listed] = httpx.get(f"{engine.url}/v1/models").json()["data"]
+    assert set(listed) == {"id", "object", "owned_by", "permissions"} and listed["owned_by"] == "me"
+    assert httpx.get(f"{engine.url}/props").status_code == 404
+    # A model name of its own: the module's other bridges declare other lengths for MODEL.
+    name, model = "default-lengths", "openai/hordeops-defaults"
+    bridge = run_bridge(
+        "--horde_url", stack.url, f"--api_key={accounts['owner']}", "--worker_name", name,
+        "--backend_url", engine.url, "--model", model,
+    )  # fmt: skip
+    bridge.wait_for(
+        rf"serving {model} as {name} .*max_length 1024 \(the bridge's default\), "
+        r"max_context_length 2048 \(the bridge's default\)"
+    )
+    until(lambda: httpx.get(f"{stack.url}/api/v2/workers/name/{name}").status_code == 200)
+    worker = httpx.get(f"{stack.url}/api/v2/workers/name/{name}").json()
+    assert (worker["max_length"], worker["max_context_length"]) == (1024, 2048)
+
+    # KoboldAI Lite's 768 is taken; the openai SDK's missing max_tokens is the worker's 1024.
+    sdk = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=accounts["requester"], max_retries=0, timeout=120)
+    lite = sdk.chat.completions.create(model=model, messages=MESSAGES, max_tokens=768, temperature=0)
+    assert (lite.usage.completion_tokens, lite.choices[0].finish_reason) == (768, "length")
+    whole = sdk.chat.completions.create(model=model, messages=MESSAGES, temperature=0)
+    assert (whole.usage.completion_tokens, whole.choices[0].finish_reason) == (1024, "length")
+    assert bridge.stop() == 0

@@ -151,7 +151,8 @@ def test_the_status_counts_only_the_workers_the_pop_would_offer_the_job(requeste
 
 def test_a_request_no_online_worker_can_serve_is_not_possible(requester, owner):
     _worker(owner, "small", 1000)
-    Worker.objects.filter(name="small").update(max_length=512)
     job = queue_chat(requester, 1500)
+    # The worker declares less since (a /v1 request above every worker's max_length is refused).
+    Worker.objects.filter(name="small").update(max_length=512)
     status = _status(requester, job)
     assert (status["eligible_workers"], status["is_possible"], status["might_stall"]) == (0, False, False)

@@ -40,14 +40,20 @@ class OpenAIBackend(Backend):
         owner = str(first.get("owned_by") or "")
         engine = owner if owner in self.ENGINES else "openai"
         context = first.get("max_model_len")  # vLLM, SGLang
+        length = None
         if not isinstance(context, int):
-            props = await self._optional_get("/props")  # llama-server
+            # llama-server: the slot's context, and its reply limit when one was set (`-n`;
+            # -1, unlimited, is none). llama-cpp-python's server says neither: it has no /props.
+            props = await self._optional_get("/props")
             settings = props.get("default_generation_settings") if isinstance(props, dict) else None
-            context = settings.get("n_ctx") if isinstance(settings, dict) else None
+            settings = settings if isinstance(settings, dict) else {}
+            context = settings.get("n_ctx")
+            params = settings.get("params") if isinstance(settings.get("params"), dict) else settings
+            length = params.get("n_predict")  # under `params` in newer servers, beside n_ctx in older
         return BackendInfo(
             model=f"{engine}/{short_name(str(first['id']))}",
-            max_length=None,
-            max_context_length=context if isinstance(context, int) and context > 0 else None,
+            max_length=_positive(length),
+            max_context_length=_positive(context),
         )
 
     def _pick(self, models: list[dict[str, Any]]) -> dict[str, Any]:
@@ -139,3 +145,7 @@ class OpenAIBackend(Backend):
             # Every OpenAI-compatible server ends a reply with a reason; a stream without one
             # was cut short (a server that drops a request for a newer one, for example).
             raise BackendError(f"POST {path}: the stream ended before the reply was finished")
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
