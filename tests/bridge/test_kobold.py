@@ -62,11 +62,12 @@ def test_a_chat_streams_from_the_kobold_stream_route_and_the_pop_declares_its_co
 ) -> None:
     bridge = _kobold_bridge(stack, kobold, accounts, run_bridge, "kobold-bridge")
     bridge.wait_for(
-        rf"serving {kobold.model} as kobold-bridge .*max_length 512 \(the backend's\), "
+        rf"serving {kobold.model} as kobold-bridge .*max_length 768 \(the bridge's default\), "
         rf"max_context_length {KOBOLD_CONTEXT} \(the backend's\)"
     )
     worker = httpx.get(f"{stack.url}/api/v2/workers/name/kobold-bridge").json()
-    assert (worker["max_length"], worker["max_context_length"]) == (512, KOBOLD_CONTEXT)
+    # Its max_length (512) is a default, not a limit: the bridge's own, half the context.
+    assert (worker["max_length"], worker["max_context_length"]) == (KOBOLD_CONTEXT // 2, KOBOLD_CONTEXT)
 
     with _chat(stack, accounts["requester"], 64, kobold.model) as response:
         assert response.status_code == 200, response.read()

@@ -132,15 +132,11 @@ def test_a_server_that_reports_no_limit_gets_a_1024_token_reply_in_a_2048_token_
     assert _declared("openai", server.url, "--max_length", "300") == ("openai/tiny", 300, 2048, "set")
 
 
-def test_koboldcpp_is_described_by_its_true_context_and_its_reply_never_exceeds_it() -> None:
-    # The stand-in reports a max_length of 512: more than this context holds.
-    kobold = KoboldStandIn("http://127.0.0.1:9", model="koboldcpp/tiny", context=400).start()
+def test_koboldcpp_is_described_by_its_true_context_and_its_default_amount_is_no_limit() -> None:
+    # The stand-in reports a max_length of 512: KoboldCpp's default amount, which a request may
+    # exceed up to the context. The reply declared is the bridge's default, within the context.
+    kobold = KoboldStandIn("http://127.0.0.1:9", model="koboldcpp/tiny", context=1600).start()
     try:
-        assert _declared("kobold", kobold.url) == (
-            "koboldcpp/tiny",
-            400,
-            400,
-            "the backend's, cut to the context",
-        )
+        assert _declared("kobold", kobold.url) == ("koboldcpp/tiny", 800, 1600, "the bridge's default")
     finally:
         kobold.stop()

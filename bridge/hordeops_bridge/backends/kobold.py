@@ -40,13 +40,11 @@ class KoboldBackend(Backend):
         context = await self._optional_get("/api/extra/true_max_context_length")
         if not isinstance(context, dict):
             context = await self._optional_get("/api/v1/config/max_context_length")
-        length = await self._optional_get("/api/v1/config/max_length")
         self._streams = await self._optional_get("/api/extra/version") is not None
-        return BackendInfo(
-            model=name,
-            max_length=_value(length),
-            max_context_length=_value(context),
-        )
+        # No reply limit: `/api/v1/config/max_length` is the amount a request gets when it names
+        # none (KoboldCpp's --defaultgenamt, KoboldAI's slider), and any up to the context is
+        # honoured. Declaring it would turn away KoboldAI Lite's 768 from a server left at 512.
+        return BackendInfo(model=name, max_length=None, max_context_length=_value(context))
 
     def body(self, request: Request, *, budget: int, genkey: str) -> dict[str, Any]:
         sampling = request.sampling
