@@ -13,7 +13,7 @@ import pytest
 
 from jobs.models import Generation, TextRequest
 from tests.conftest import Caller, give_kudos
-from workers.models import Worker
+from workers.models import Account, Worker
 from workers.services import create_account
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,6 +28,10 @@ SDK_ENV_OVERRIDES = ("AI_HORDE_DEV_URL", "AI_HORDE_DEV_APIKEY", "TESTS_ONGOING")
 def _run_roundtrip(
     base_url: str, requester_key: str, worker_key: str, cwd: Path, *, strict: bool = False
 ) -> dict:
+    return _run_script(base_url, [requester_key, worker_key, MODEL], cwd, strict=strict)
+
+
+def _run_script(base_url: str, args: list[str], cwd: Path, *, strict: bool) -> dict:
     if not SDK_PYTHON.exists():
         pytest.fail(f"{SDK_PYTHON.relative_to(ROOT)} is missing: run bin/sdk-venv (bin/test does it).")
     env = {k: v for k, v in os.environ.items() if k not in SDK_ENV_OVERRIDES}
@@ -36,7 +40,7 @@ def _run_roundtrip(
         # The SDK's own test mode: every response model forbids keys it does not define.
         env["TESTS_ONGOING"] = "1"
     done = subprocess.run(
-        [str(SDK_PYTHON), str(SCRIPT), requester_key, worker_key, MODEL],
+        [str(SDK_PYTHON), str(SCRIPT), *args],
         env=env,
         cwd=cwd,  # outside the work tree: nothing the client might write lands in the repo
         capture_output=True,
@@ -139,3 +143,70 @@ def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow_and_the_d
     assert found["kudos"]["after"] == found["kudos"]["before"] + 5 and found["kudos"]["received"] == 5
     worker.refresh_from_db()
     assert worker.deleted_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_parses_workers_and_users_with_fractional_kudos(
+    live_server, tmp_path
+) -> None:
+    # Fractions are the normal case: the uptime reward is halved for an unknown model and cut
+    # to 30% for an unvalidated bridge, and a job's reward is rarely whole.
+    trusted, _ = create_account(name="sdk-fleet-trusted", trusted=True)
+    untrusted, untrusted_key = create_account(name="sdk-fleet-untrusted")
+    moderator, moderator_key = create_account(name="sdk-fleet-moderator")
+    Account.objects.filter(pk=moderator.pk).update(moderator=True)
+    common = {"served_models": [MODEL], "chat": True, "bridge_agent": "hordeops-bridge:1:https://example.org"}
+    Worker.objects.create(
+        name="sdk-fleet-fast", account=trusted, kudos_rewards=12.25, kudos_uptime=27.5, completed_jobs=3,
+        speed=21.37, tokens_generated=512, info="fractions", **common,
+    )  # fmt: skip
+    Worker.objects.create(
+        name="sdk-fleet-resting", account=untrusted, kudos_rewards=0.75, kudos_uptime=13.2, maintenance=True,
+        maintenance_reason="resting", **common,
+    )  # fmt: skip
+    give_kudos(Caller(account=untrusted, api_key=untrusted_key, client=None), "30.25")
+    give_kudos(Caller(account=trusted, api_key="", client=None), "42.5")
+    spec = {
+        "moderator_key": moderator_key,
+        "owner_key": untrusted_key,
+        "workers": ["sdk-fleet-fast", "sdk-fleet-resting"],
+        "users": [trusted.pk, untrusted.pk],
+    }
+
+    seen = _run_script(f"{live_server.url}/api/", ["fleet", json.dumps(spec)], tmp_path, strict=True)
+
+    fast = {
+        "online": True,
+        "trusted": True,
+        "maintenance_mode": False,
+        "kudos_rewards": 39.75,
+        # The AI Horde's WorkerKudosDetails: `uptime` an integer, the fraction left out.
+        "kudos_details": {"generated": 12.25, "uptime": 27},
+    }
+    resting = {
+        "online": True,
+        "trusted": False,
+        "maintenance_mode": True,
+        "kudos_rewards": 13.95,
+        "kudos_details": {"generated": 0.75, "uptime": 13},
+    }
+    owner = f"sdk-fleet-untrusted#{untrusted.pk}"
+    assert seen["listed"]["anyone"] == {
+        "sdk-fleet-fast": {**fast, "owner": None},
+        "sdk-fleet-resting": {**resting, "owner": None},
+    }
+    assert seen["listed"]["owner"]["sdk-fleet-resting"] == {**resting, "owner": owner}
+    assert seen["listed"]["moderator"]["sdk-fleet-fast"] == {
+        **fast,
+        "owner": f"sdk-fleet-trusted#{trusted.pk}",
+    }
+    assert seen["single"]["sdk-fleet-resting"] == {
+        "by_name": {**resting, "owner": None},
+        "by_id_as_moderator": {**resting, "owner": owner},
+    }
+    assert seen["users"] == {
+        str(trusted.pk): {"kudos": 42.5, "accumulated": 0.0},
+        str(untrusted.pk): {"kudos": 30.25, "accumulated": 0.0},
+    }
+    assert seen["find_user"]["kudos"] == 30.25 and len(seen["find_user"]["worker_ids"]) == 1
+    assert seen["moderator"] == {"moderator": True, "evaluating_kudos": 0.0}

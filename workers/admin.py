@@ -325,6 +325,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "paused",
         "info",
         "last_pop_at",
+        "left_at",
         "deleted_at",
     )
     readonly_fields = (
@@ -340,6 +341,7 @@ class WorkerAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "given_back",
         "maintenance_by_moderator",
         "last_pop_at",
+        "left_at",
         "deleted_at",
     )
     moderated_fields = ("maintenance", "maintenance_reason", "paused")

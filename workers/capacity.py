@@ -3,7 +3,8 @@
 - A worker's capacity is `speed x (TEXT_JOB_LEASE_SECONDS - TEXT_JOB_PREPARATION_SECONDS)`
   tokens, its speed taken as UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND until measured; within
   its own lease cap it can produce `speed x (cap - preparation)`.
-- A worker that popped within WORKER_ONLINE_SECONDS is online.
+- A worker that popped within WORKER_ONLINE_SECONDS is online, unless it said goodbye since
+  (`left_at`, set by a stopping bridge, cleared by its next pop).
 
 These are the worker's half of the speed gate; the gate itself, which also reads the
 request, is `jobs.eligibility`.
@@ -16,7 +17,7 @@ from django.db.models import ExpressionWrapper, F, FloatField, Value
 from django.db.models.functions import Coalesce
 
 # The online test in SQL, for a worker row `{w}` (the parameter is `online_since(now)`).
-ONLINE_SQL = "{w}.last_pop_at >= %(online_since)s"
+ONLINE_SQL = "{w}.last_pop_at >= %(online_since)s AND {w}.left_at IS NULL"
 
 
 def generating_seconds(lease_seconds: int) -> int:

@@ -33,7 +33,9 @@ def worker_details(worker: Worker, *, now: datetime, privileged: bool) -> dict[s
         "kudos_rewards": round(worker.kudos_rewards + worker.kudos_uptime, 2),
         "kudos_details": {
             "generated": round(worker.kudos_rewards, 2),
-            "uptime": round(worker.kudos_uptime, 2),
+            # The AI Horde declares this one an Integer (WorkerKudosDetails) and its marshalling
+            # truncates it: horde_sdk's model refuses a fraction, the normal case here.
+            "uptime": int(worker.kudos_uptime),
         },
         "performance": worker.performance,
         "threads": worker.threads,

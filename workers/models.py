@@ -97,8 +97,9 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
         return self.filter(deleted_at__isnull=True)
 
     def online(self, now: datetime) -> "WorkerQuerySet":
-        """Workers that popped within WORKER_ONLINE_SECONDS (the eligibility rule's own test)."""
-        return self.live().filter(last_pop_at__gte=online_since(now))
+        """Workers that popped within WORKER_ONLINE_SECONDS and have not said goodbye since (the
+        eligibility rule's own test, `ONLINE_SQL`)."""
+        return self.live().filter(last_pop_at__gte=online_since(now), left_at__isnull=True)
 
     def online_chat(self, now: datetime) -> "WorkerQuerySet":
         """Online workers that serve chat jobs: the ones behind the `/v1` routes' models."""
@@ -148,6 +149,9 @@ class Worker(models.Model):
     address = models.CharField(max_length=64, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     last_pop_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # When it said goodbye (POST /api/v2/workers/goodbye, sent by a stopping bridge): offline
+    # from then on, not for the rest of the online window; its next pop clears it.
+    left_at = models.DateTimeField(null=True, blank=True)
 
     # Tokens per second over the last SPEED_WINDOW completed jobs; null until measured.
     # (The `db_default`s: the check-in's hand-written INSERT, workers.sql, leaves these out.)
@@ -221,7 +225,7 @@ class Worker(models.Model):
         return f"{round(float(self.speed or 0), 1)} tokens per second"
 
     def is_online(self, now: datetime) -> bool:
-        return self.last_pop_at >= online_since(now)
+        return self.last_pop_at >= online_since(now) and self.left_at is None
 
     def aborts_in_window(self, now: datetime) -> int:
         """Aborts counted in the current one-hour window (0 once it has passed)."""

@@ -7,6 +7,7 @@ from uuid import UUID
 
 import redis.exceptions
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 
 from hordeops import clock, errors, timeouts
@@ -14,6 +15,7 @@ from hordeops.ratelimit import address_bucket
 from hordeops.rows import fetch_instance, fetch_instances
 from workers import sql, suspicion
 from workers.capacity import check_in_fresh_since, online_since
+from workers.details import ONLINE_LIST_KEY
 from workers.models import Account, AddressTimeout, Suspicion, Worker, hash_api_key, new_api_key
 
 logger = logging.getLogger(__name__)
@@ -394,3 +396,27 @@ def delete_worker(*, api_key: str | None, worker_id: UUID, now: datetime | None 
         Worker.objects.filter(pk=worker.pk).update(deleted_at=now, last_pop_at=offline)
     logger.info("worker %s deleted by account %s", worker.pk, caller.pk)
     return {"deleted_id": str(worker.pk), "deleted_name": worker.name}
+
+
+def say_goodbye(*, api_key: str | None, name: str, now: datetime) -> Worker:
+    """POST /api/v2/workers/goodbye: the worker `name` of the key's account stops, so it is
+    offline at once (`Worker.left_at`) rather than for the rest of WORKER_ONLINE_SECONDS;
+    its next pop brings it back. Idempotent: a second goodbye keeps the first one's time.
+
+    Only its owner's key may say it (another's: WrongCredentials, as the pop answers). The
+    jobs it still holds are its own business: the bridge finishes or gives them back first,
+    and a job it still submits is accepted, as for a deleted worker.
+    """
+    caller = authenticate(api_key=api_key)
+    if caller.is_anonymous:
+        raise errors.AnonForbiddenWorker()
+    worker = Worker.objects.live().filter(name=name).first()
+    if worker is None:
+        raise errors.WorkerNotFound("No worker with that name.")
+    if worker.account_id != caller.pk:
+        raise errors.WrongCredentials("This worker name is owned by another account.")
+    Worker.objects.filter(pk=worker.pk, left_at__isnull=True).update(left_at=now)
+    # The cached online list would show it for up to 2 s more: the list is one key, dropped.
+    cache.delete(ONLINE_LIST_KEY)
+    logger.info("worker %s said goodbye", worker.pk)
+    return worker

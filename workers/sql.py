@@ -48,7 +48,8 @@ def check_in() -> str:
 
     `caller` is the key's account (no row: an unknown key, so no row at all); `current` the
     worker row as it stands; `written` the upsert, tried unless the caller is anonymous or the
-    row is the caller's, its last pop fresh and its declarations unchanged, or the caller is
+    row is the caller's, its last pop fresh, no goodbye since (`left_at`, which the upsert
+    clears: the pop brings it back online) and its declarations unchanged, or the caller is
     suspended (its workers are not kept online by pops it is refused); a new name only
     while the caller runs fewer workers than it may (`Account.workers_allowed`) and, for an
     untrusted caller, its address has room (`_ADDRESS_ROOM`). An upsert on
@@ -76,14 +77,15 @@ def check_in() -> str:
           AND NOT EXISTS (
             SELECT FROM current AS c
             WHERE c.account_id = caller.id
-              AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s
+              AND c.last_pop_at > %(fresh_since)s AND c.last_pop_at <= %(now)s AND c.left_at IS NULL
               AND c.address = %(address)s::varchar
               AND ({", ".join(f"c.{field}" for field in DECLARED)}) IS NOT DISTINCT FROM ({_DECLARED_NOW})
         )
         ON CONFLICT (name) WHERE deleted_at IS NULL DO UPDATE SET
             {", ".join(f"{field} = EXCLUDED.{field}" for field in DECLARED)},
             address = EXCLUDED.address,
-            last_pop_at = EXCLUDED.last_pop_at
+            last_pop_at = EXCLUDED.last_pop_at,
+            left_at = NULL
         WHERE {worker}.account_id = EXCLUDED.account_id
         RETURNING {columns(Worker)}
     ),

@@ -4,6 +4,8 @@ from workers import views
 
 urlpatterns = [
     path("workers", views.WorkersView.as_view(), name="workers"),
+    # Before `workers/{id}`, which would read "goodbye" as an id.
+    path("workers/goodbye", views.WorkerGoodbyeView.as_view(), name="worker-goodbye"),
     re_path(r"^workers/name/(?P<worker_name>.*)$", views.WorkerByNameView.as_view(), name="worker-by-name"),
     re_path(r"^workers/(?P<worker_id>[^/]*)$", views.WorkerView.as_view(), name="worker"),
     path("operations/ipaddr", views.OperationsIPView.as_view(), name="operations-ipaddr"),

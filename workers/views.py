@@ -171,6 +171,37 @@ class WorkerByNameView(APIView):
         return _worker_answer(request, _worker({"name": worker_name}))
 
 
+class GoodbyeInput(serializers.Serializer):
+    name = StrictCharField(min_length=1, max_length=100, trim_whitespace=True)
+
+
+class WorkerGoodbyeView(APIView):
+    @extend_schema(
+        operation_id="worker_goodbye",
+        auth=APIKEY_AUTH,
+        parameters=[APIKEY],
+        request=GoodbyeInput,
+        responses={
+            200: inline_serializer(
+                "WorkerGoodbye",
+                {
+                    "id": serializers.CharField(),
+                    "name": serializers.CharField(),
+                    "online": serializers.BooleanField(),
+                },
+            ),
+            **ERRORS,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """A stopping worker says so: offline at once, until its next pop (hordeops' own route)."""
+        data = _valid(GoodbyeInput, request)
+        worker = services.say_goodbye(
+            api_key=request.headers.get("apikey"), name=data["name"], now=clock.now()
+        )
+        return Response({"id": str(worker.pk), "name": worker.name, "online": False})
+
+
 class AddTimeoutInput(serializers.Serializer):
     ipaddr = StrictCharField(min_length=7, max_length=40)
     hours = StrictIntegerField(min_value=1, max_value=MAX_TIMEOUT_HOURS)

@@ -1,8 +1,8 @@
-"""The horde's worker routes (pop, progress, submit), with the retries they allow.
+"""The horde's worker routes (pop, progress, submit, goodbye), with the retries they allow.
 
 Resending is safe on every one of them: a pop whose answer was lost leaves a job that lapses
 and is restarted, a progress post resent under the same `seq` is recognised and not relayed
-twice, and a resent submit answers `DuplicateGen`.
+twice, a resent submit answers `DuplicateGen`, and a goodbye said twice is said once.
 """
 
 import asyncio
@@ -17,6 +17,9 @@ log = logging.getLogger("hordeops_bridge.horde")
 # Seconds before each retry of one call (network errors and 502/503/504): about a minute in all.
 RETRY_DELAYS = (0.5, 1, 2, 4, 8, 8, 8, 8, 8, 8)
 RETRIED_STATUSES = frozenset({502, 503, 504})
+# The goodbye is sent while the bridge stops, which a service manager waits for: a few seconds
+# of retries, not a minute; unsaid, the horde counts the worker online for its usual window.
+GOODBYE_RETRY_DELAYS = (0.5, 1, 2)
 
 
 class HordeUnreachable(Exception):
@@ -54,7 +57,7 @@ class Horde:
     ) -> None:
         self.retry_delays = retry_delays
         self.http = httpx.AsyncClient(
-            base_url=url.rstrip("/") + "/api/v2/generate/text/",
+            base_url=url.rstrip("/") + "/api/v2/",
             headers={"apikey": api_key, "Client-Agent": agent},
             timeout=httpx.Timeout(30.0, connect=10.0),
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
@@ -64,9 +67,12 @@ class Horde:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def post(self, path: str, body: dict[str, Any]) -> Answer:
+    async def post(
+        self, path: str, body: dict[str, Any], *, retry_delays: tuple[float, ...] | None = None
+    ) -> Answer:
         """POST `body`; on a network error or a 502/503/504, wait and send the same body again."""
-        for attempt, delay in enumerate((*self.retry_delays, None), start=1):
+        delays = self.retry_delays if retry_delays is None else retry_delays
+        for attempt, delay in enumerate((*delays, None), start=1):
             try:
                 response = await self.http.post(path, json=body)
             except httpx.TransportError as exc:
@@ -86,13 +92,18 @@ class Horde:
         raise AssertionError("unreachable")
 
     async def pop(self, body: dict[str, Any]) -> Answer:
-        answer = await self.post("pop", body)
+        answer = await self.post("generate/text/pop", body)
         if answer.status in (401, 403) and answer.rc != "WorkerMaintenance":
             raise Fatal(f"pop answered {answer.status} {answer.rc}: {answer.message}")
         return answer
 
     async def progress(self, body: dict[str, Any]) -> Answer:
-        return await self.post("progress", body)
+        return await self.post("generate/text/progress", body)
 
     async def submit(self, job_id: str, text: str, *, state: str = "ok", seed: int = 0) -> Answer:
-        return await self.post("submit", {"id": job_id, "generation": text, "state": state, "seed": seed})
+        body = {"id": job_id, "generation": text, "state": state, "seed": seed}
+        return await self.post("generate/text/submit", body)
+
+    async def goodbye(self, name: str) -> Answer:
+        """Tell the horde the worker `name` stops: it is offline at once, until its next pop."""
+        return await self.post("workers/goodbye", {"name": name}, retry_delays=GOODBYE_RETRY_DELAYS)

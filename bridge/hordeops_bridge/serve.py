@@ -223,29 +223,33 @@ class JobServer:
         self.every_seconds = every_seconds
         self.verbose = verbose
 
-    async def serve(self, job: Job, *, popped_at: float) -> Served:
+    async def serve(self, job: Job, *, popped_at: float, served: Served | None = None) -> Served:
         """Generate and submit `job`, popped at `popped_at` (time.monotonic()); never raises
-        for the job's own troubles, only for Fatal and cancellation (the caller gives it back)."""
+        for the job's own troubles, only for Fatal and cancellation (the caller gives it back).
+        `served` is filled as the job ends, cancelled too: a caller that cancels still has its
+        tokens and progress posts."""
+        served = Served(Outcome.SUBMITTED) if served is None else served
         started = time.monotonic()
         deadline = popped_at + job.deadline_ms / 1000 if job.deadline_ms is not None else None
         budget = context_budget(job, context_limit=self.context_limit)
         try:
             request = await fit(request_for(job), budget=budget, count=self.backend.count_tokens)
         except DoesNotFit as exc:
-            return await self.give_back(job, Served(Outcome.GIVEN_BACK, detail=f"refused: {exc}"))
+            served.detail = f"refused: {exc}"
+            return await self.give_back(job, served)
         except BackendError as exc:
-            return await self.give_back(job, Served(Outcome.GIVEN_BACK, detail=f"backend failed: {exc}"))
+            served.detail = f"backend failed: {exc}"
+            return await self.give_back(job, served)
         if request.fitted:
             log.warning("job %s: did not fit its %d tokens of context: %s", job.id, budget, request.fitted)
         progress = Progress(
             self.horde, job.id, self.every_tokens, self.every_seconds, verbose=self.verbose
         ) if job.posts_progress else None  # fmt: skip
         output = Output()
-        served = Served(Outcome.SUBMITTED)
         try:
             await self._generate(job, request, budget, output, progress, deadline)
         except (JobLost, LeaseLapsed, TimeoutError, BackendError) as exc:
-            served = self._ended(job, exc)
+            served.outcome, served.detail = self._ended(job, exc)
         finally:
             served.tokens = output.tokens
             served.seconds = time.monotonic() - started
@@ -308,14 +312,15 @@ class JobServer:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    def _ended(self, job: Job, exc: BaseException) -> Served:
+    def _ended(self, job: Job, exc: BaseException) -> tuple[Outcome, str]:
+        """The outcome and its detail of a job that `exc` ended."""
         if isinstance(exc, JobLost):
-            return Served(Outcome.LOST, detail=exc.rc)
+            return Outcome.LOST, exc.rc
         if isinstance(exc, LeaseLapsed):
-            return Served(Outcome.GIVEN_BACK, detail="lease lapsed")
+            return Outcome.GIVEN_BACK, "lease lapsed"
         if isinstance(exc, TimeoutError):
-            return Served(Outcome.DEADLINE, detail=f"deadline {job.deadline_ms} ms")
-        return Served(Outcome.GIVEN_BACK, detail=f"backend failed: {exc}")
+            return Outcome.DEADLINE, f"deadline {job.deadline_ms} ms"
+        return Outcome.GIVEN_BACK, f"backend failed: {exc}"
 
     async def submit(self, job: Job, text: str, served: Served, *, seed: int) -> Served:
         try:

@@ -3,6 +3,8 @@
 Stopping: the first SIGTERM or SIGINT stops popping and lets running jobs finish for
 `grace_seconds`, then gives back what still runs; a second SIGINT gives back at once. A job
 given back goes to another worker straight away instead of waiting for its lease to lapse.
+With no job left, the bridge says goodbye: the horde counts the worker offline at once, rather
+than for WORKER_ONLINE_SECONDS after its last pop, and offers its requests to others.
 """
 
 import asyncio
@@ -143,9 +145,24 @@ class Bridge:
                 slot.cancel()
             await asyncio.gather(*slots, return_exceptions=True)
             raise
+        # Every slot has ended, so every job was submitted or given back: nothing is left that
+        # the horde would wait for from this worker.
+        await self.say_goodbye()
         if config.once:
             return 0 if self.last_outcome is Outcome.SUBMITTED else 1
         return 0
+
+    async def say_goodbye(self) -> None:
+        name = self.config.worker_name
+        try:
+            answer = await self.horde.goodbye(name)
+        except HordeUnreachable as exc:
+            log.warning("goodbye not delivered (%s): the horde counts %s online a while longer", exc, name)
+            return
+        if answer.status == 200:
+            log.info("said goodbye: %s is offline until it pops again", name)
+        else:
+            log.warning("goodbye answered %s %s: %s", answer.status, answer.rc, answer.message)
 
     def pop_body(self) -> dict[str, Any]:
         return {
@@ -191,14 +208,17 @@ class Bridge:
                 self.stopping.set()
 
     async def _serve(self, job: Job, popped_at: float) -> None:
-        task = asyncio.create_task(self.server.serve(job, popped_at=popped_at))
+        # Filled by the job as it goes: a job cancelled at the stop is logged with what it did.
+        served = Served(Outcome.SUBMITTED)
+        task = asyncio.create_task(self.server.serve(job, popped_at=popped_at, served=served))
         self.running[job.id] = task
         try:
             await asyncio.wait({task})
         finally:
             del self.running[job.id]
         if task.cancelled():
-            served = await self.server.give_back(job, Served(Outcome.GIVEN_BACK, detail="stopped"))
+            served.detail = "stopped"
+            served = await self.server.give_back(job, served)
             served.seconds = time.monotonic() - popped_at
         else:
             served = task.result()  # Fatal comes out here

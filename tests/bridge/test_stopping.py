@@ -3,6 +3,7 @@ client left and its CPU time stops growing. A reply longer than the base lease l
 progress posts; SIGTERM finishes a job or gives it back, never strands it; a backend that dies
 gives its job back at once."""
 
+import json
 import signal
 import threading
 import time
@@ -30,6 +31,7 @@ MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
 FRAGILE = "openai/hordeops-fragile"
 RESTING = "openai/hordeops-resting"
 IMPATIENT = "openai/hordeops-impatient"
+LEAVING = "openai/hordeops-leaving"
 
 
 def _chat(stack, key: str, max_tokens: int, model: str = MODEL, **headers: str):
@@ -49,6 +51,12 @@ def _generation(stack, generation_id: str) -> tuple[str, int]:
 
 def _last_generation(stack) -> str:
     return str(stack.sql("SELECT id FROM jobs_generation ORDER BY popped_at DESC LIMIT 1")[0][0])
+
+
+def _contents(stream: str) -> list[str]:
+    """The text pieces of an event stream's chunks."""
+    chunks = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {")]
+    return [d for c in chunks if c.get("choices") and (d := c["choices"][0].get("delta", {}).get("content"))]
 
 
 def _given_back(stack, engine, worker, *, stopped: float, stream_rest: str, disconnects: int) -> None:
@@ -166,13 +174,19 @@ def test_a_second_interrupt_gives_the_job_back_at_once(stack, engine, accounts, 
     # The default grace period is 30 s: the job came back at the second Ctrl-C, not at its end.
     _given_back(stack, engine, worker, stopped=stopped, stream_rest=rest, disconnects=disconnects)
     assert "second interrupt: giving back 1 running jobs now" in worker.output()
+    # The log line counts what the job did before it was given back, not a fresh job's zeros.
+    streamed = 1 + len(_contents(rest))
+    line = worker.wait_for(r"given back, (\d+) tokens .*, (\d+) progress posts, lease \w+; stopped")
+    tokens, posts = int(line[1]), int(line[2])
+    assert tokens >= streamed and posts >= 1, (streamed, line[0])
 
 
 def test_a_backend_that_dies_gives_its_job_back_and_is_waited_for(stack, model_file, accounts, run_bridge):
     dying = Engine(model_file).start()
     try:
-        # A model name of its own: the module's other bridges, stopped but online for a while
-        # and measured faster, would be the ones offered its short chats (the speed gate).
+        # A model name of its own: the module's other bridges, killed at their tests' ends
+        # without a goodbye, online for a while and measured faster, would be the ones
+        # offered its short chats (the speed gate).
         worker = start_bridge(
             stack, dying, accounts["owner"], run_bridge, "fragile-bridge", "--model", FRAGILE
         )  # fmt: skip
@@ -214,3 +228,26 @@ def test_maintenance_is_waited_out(stack, engine, accounts, run_bridge) -> None:
     with _chat(stack, accounts["requester"], 32, RESTING) as response:
         assert '"finish_reason":"length"' in response.read().decode()
     worker.wait_for(r"job \S+ \(chat, .*\): submitted, 32 tokens")
+
+
+def test_a_bridge_stopped_by_sigterm_is_offline_at_once(stack, engine, accounts, run_bridge) -> None:
+    worker = start_bridge(
+        stack, engine, accounts["owner"], run_bridge, "leaving-bridge", "--model", LEAVING
+    )  # fmt: skip
+    requester = {"Authorization": f"Bearer {accounts['requester']}"}
+    listed = httpx.get(f"{stack.url}/v1/models", headers=requester).json()["data"]
+    assert LEAVING in [m["id"] for m in listed]
+
+    assert worker.stop(signal.SIGTERM) == 0
+    worker.wait_for(r"said goodbye: leaving-bridge is offline until it pops again")
+
+    # At once, not WORKER_ONLINE_SECONDS (300 s) after its last pop.
+    details = httpx.get(f"{stack.url}/api/v2/workers/name/leaving-bridge").json()
+    assert details["online"] is False
+    listed = httpx.get(f"{stack.url}/v1/models", headers=requester).json()["data"]
+    assert LEAVING not in [m["id"] for m in listed]
+    body = {"model": LEAVING, "messages": MESSAGES, "max_tokens": 16}
+    refused = httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=requester)
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+    online = httpx.get(f"{stack.url}/api/v2/workers", params={"name": "leaving-bridge"}).json()
+    assert online == []

@@ -7,7 +7,9 @@ pytest: tests/test_horde_sdk_compat.py starts it against a live server and reads
         REQUESTER_KEY WORKER_KEY MODEL
 
 The keys and the model may instead come from HORDE_REQUESTER_KEY, HORDE_WORKER_KEY and
-HORDE_MODEL. AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
+HORDE_MODEL. `... horde_sdk_roundtrip.py fleet FLEET_JSON` instead reads the details of workers and
+accounts the test made (`fleet`): every list and single form, public and privileged.
+AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
 
 Every request is an SDK request model sent with the SDK's synchronous manual client, and every
 answer is parsed into the SDK's response model. Prints one JSON object of what was seen; any
@@ -39,7 +41,7 @@ import time
 from typing import Any, TypeVar
 
 from horde_sdk.ai_horde_api import endpoints
-from horde_sdk.ai_horde_api.ai_horde_clients import AIHordeAPIManualClient
+from horde_sdk.ai_horde_api.ai_horde_clients import AIHordeAPIManualClient, AIHordeAPISimpleClient
 from horde_sdk.ai_horde_api.apimodels import (
     AllWorkersDetailsRequest,
     AllWorkersDetailsResponse,
@@ -288,6 +290,49 @@ def _discover(
     }
 
 
+def _worker_seen(worker: Any) -> dict[str, Any]:
+    kudos = worker.kudos_details
+    return {
+        "online": worker.online,
+        "trusted": worker.trusted,
+        "maintenance_mode": worker.maintenance_mode,
+        "kudos_rewards": worker.kudos_rewards,
+        "kudos_details": {"generated": kudos.generated, "uptime": kudos.uptime},
+        "owner": worker.owner,
+    }
+
+
+def fleet(spec: dict[str, Any]) -> dict[str, Any]:
+    """The workers and accounts `spec` names, through the simple client's worker calls
+    (`workers_all_details`, `worker_details`, `worker_details_by_name`) and the user routes,
+    as anyone, as their owner and as a moderator: every answer parsed by its model."""
+    simple = AIHordeAPISimpleClient()
+    manual = AIHordeAPIManualClient()
+    moderator, owner = spec["moderator_key"], spec["owner_key"]
+    listed = {
+        viewer: {w.name: _worker_seen(w) for w in simple.workers_all_details(api_key=key)}
+        for viewer, key in (("anyone", None), ("owner", owner), ("moderator", moderator))
+    }
+    single = {}
+    for name in spec["workers"]:
+        by_name = simple.worker_details_by_name(name)
+        by_id = simple.worker_details(by_name.id_, api_key=moderator)
+        single[name] = {"by_name": _worker_seen(by_name), "by_id_as_moderator": _worker_seen(by_id)}
+    users = {}
+    for user_id in spec["users"]:
+        public = _send(manual, SingleUserDetailsRequest(user_id=str(user_id)), UserDetailsResponse)
+        users[str(user_id)] = {"kudos": public.kudos, "accumulated": public.kudos_details.accumulated}
+    me = _send(manual, FindUserRequest(apikey=owner), UserDetailsResponse)
+    boss = _send(manual, FindUserRequest(apikey=moderator), UserDetailsResponse)
+    return {
+        "listed": listed,
+        "single": single,
+        "users": users,
+        "find_user": {"kudos": me.kudos, "worker_ids": me.worker_ids},
+        "moderator": {"moderator": boss.moderator, "evaluating_kudos": boss.evaluating_kudos},
+    }
+
+
 def main() -> int:
     try:
         base_url = os.environ.get("AI_HORDE_URL", "")
@@ -298,9 +343,12 @@ def main() -> int:
                 f"horde_sdk targets {endpoints.AI_HORDE_BASE_URL!r}, not {base_url!r}"
                 " (is AI_HORDE_DEV_URL set?)"
             )
-        result = run(
-            base_url, _arg(1, "HORDE_REQUESTER_KEY"), _arg(2, "HORDE_WORKER_KEY"), _arg(3, "HORDE_MODEL")
-        )
+        if sys.argv[1:2] == ["fleet"]:
+            result = fleet(json.loads(sys.argv[2]))
+        else:
+            result = run(
+                base_url, _arg(1, "HORDE_REQUESTER_KEY"), _arg(2, "HORDE_WORKER_KEY"), _arg(3, "HORDE_MODEL")
+            )
     except Exception as exc:  # any failure, the SDK's parse errors included, fails the run
         print(f"horde_sdk roundtrip failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
