@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     bench_env,
+    empty_redis,
     free_port,
     percentile,
     prepare_database,
@@ -281,7 +282,7 @@ def main() -> None:
 
     env = bench_env(DB_NAME, REDIS_DB, KEY_RATE_PER_SECOND="0", ADDRESS_RATE_PER_SECOND="0")
     prepare_database(DB_NAME, env)
-    subprocess.run(["redis-cli", "-n", str(REDIS_DB), "flushdb"], check=True, capture_output=True)
+    empty_redis(REDIS_DB)
     rundir = Path(tempfile.mkdtemp(prefix="bench-bridge-"))
     port = free_port()
     processes = start_stack(port, rundir, env, web_workers=2)

@@ -2,7 +2,8 @@
 
 `bench/` imports the product (to fill tables and call services in-process); the product
 never imports `bench/`. Each benchmark has a database and a Redis database of its own, so
-that they never disturb each other, the tests or a running stack.
+that they never disturb each other, the tests or a running stack: on the servers that
+DATABASE_URL and REDIS_URL name (their defaults, as `bin/stack`'s, when unset).
 """
 
 import asyncio
@@ -13,13 +14,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv" / "bin"
 
 
 def database_url(name: str) -> str:
-    return f"postgres://postgres@127.0.0.1:5432/{name}"
+    """The database `name` on DATABASE_URL's server."""
+    url = urlsplit(os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/hordeops")
+    return url._replace(path=f"/{name}").geturl()
+
+
+def redis_url(db: int) -> str:
+    """The Redis database `db` on REDIS_URL's server."""
+    url = urlsplit(os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
+    return url._replace(path=f"/{db}").geturl()
+
+
+def empty_redis(db: int) -> None:
+    subprocess.run(["redis-cli", "-u", redis_url(db), "flushdb"], check=True, capture_output=True)
 
 
 def bench_env(database: str, redis_db: int, **settings: str) -> dict[str, str]:
@@ -29,7 +43,7 @@ def bench_env(database: str, redis_db: int, **settings: str) -> dict[str, str]:
     return {
         **os.environ,
         "DATABASE_URL": database_url(database),
-        "REDIS_URL": f"redis://127.0.0.1:6379/{redis_db}",
+        "REDIS_URL": redis_url(redis_db),
         "DJANGO_SETTINGS_MODULE": "hordeops.settings",
         "LOG_LEVEL": "WARNING",
         "ALLOWED_HOSTS": os.environ.get("ALLOWED_HOSTS") or "127.0.0.1,localhost",

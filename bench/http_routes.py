@@ -45,10 +45,13 @@ from bench.common import (  # noqa: E402
     HTTPConnection,
     children,
     cpu_seconds,
+    database_url,
+    empty_redis,
     free_port,
     percentile,
     postgres_pids,
     python_loop_seconds,
+    redis_url,
     wait_for_heartbeat,
 )
 
@@ -61,8 +64,8 @@ WORKER_MAX_LENGTH = 100  # the async phase's requests (80) fit; the unable ones 
 def _env(root: Path) -> dict[str, str]:
     return {
         **os.environ,
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-        "REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
+        "DATABASE_URL": database_url(DB_NAME),
+        "REDIS_URL": redis_url(REDIS_DB),
         "DJANGO_SETTINGS_MODULE": "hordeops.settings",
         "LOG_LEVEL": "WARNING",
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
@@ -83,7 +86,7 @@ def _prepare(root: Path, env: dict[str, str], requester_kudos: int = 0) -> tuple
     subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", DB_NAME], check=True)
     python = str(root / ".venv" / "bin" / "python")
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v0"], cwd=root, env=env, check=True)
-    subprocess.run(["redis-cli", "-n", str(REDIS_DB), "flushdb"], check=True, capture_output=True)
+    empty_redis(REDIS_DB)
     keys = []
     for name in ("http-requester", "http-owner", "http-hoarder"):
         made = subprocess.run(

@@ -25,3 +25,14 @@ def test_no_script_ends_a_process_by_its_name():
         if BY_NAME.search(line)
     ]
     assert offenders == []
+
+
+def test_the_benchmarks_use_the_servers_the_settings_name_with_databases_of_their_own(monkeypatch):
+    from bench.common import bench_env, database_url, redis_url
+
+    monkeypatch.setenv("DATABASE_URL", "postgres://bench@127.0.0.1:6543/hordeops?sslmode=disable")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6390/0")
+    assert database_url("hordeops_bench") == "postgres://bench@127.0.0.1:6543/hordeops_bench?sslmode=disable"
+    assert redis_url(9) == "redis://127.0.0.1:6390/9"
+    env = bench_env("hordeops_bench", 7)
+    assert (env["DATABASE_URL"], env["REDIS_URL"]) == (database_url("hordeops_bench"), redis_url(7))
