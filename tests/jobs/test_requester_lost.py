@@ -102,6 +102,17 @@ def _spent(requester) -> Decimal:
     return -ledger.balance(requester.account.pk)
 
 
+def _told_cancelled_and_not_charged(answer, request_id: UUID, requester, spent_before: Decimal) -> None:
+    """The worker was told to stop; the request ended as the horde losing it, costing nothing."""
+    assert answer.status_code == 409, answer.content
+    assert answer.json()["rc"] == "GenerationCancelled"
+    assert "lost the connection of the requester" in answer.json()["message"]
+    text_request = TextRequest.objects.get(pk=request_id)
+    assert (text_request.state, text_request.ending) == (TextRequest.State.CANCELLED, Ending.UNAVAILABLE)
+    assert text_request.kudos_spent == 0
+    assert _spent(requester) == spent_before
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_follower_is_marked_once_its_subscription_holds_and_gone_once_its_connection_is(
     chat_job, owner, following
@@ -126,13 +137,7 @@ def test_a_progress_post_after_the_followers_process_died_is_told_cancelled_and_
     before = _spent(requester)
     follower.die()
     answer = progress(owner, job["id"], 2, "a time", tokens=5)
-    assert answer.status_code == 409, answer.content
-    assert answer.json()["rc"] == "GenerationCancelled"
-    assert "lost the connection of the requester" in answer.json()["message"]
-    text_request = TextRequest.objects.get(pk=generation.request_id)
-    assert (text_request.state, text_request.ending) == (TextRequest.State.CANCELLED, Ending.UNAVAILABLE)
-    assert text_request.kudos_spent == 0
-    assert _spent(requester) == before
+    _told_cancelled_and_not_charged(answer, generation.request_id, requester, before)
     generation.refresh_from_db()
     assert generation.state == Generation.State.CANCELLED
     assert generation.reward > 0  # the worker is paid for what it delivered; the horde lost it
@@ -159,12 +164,7 @@ def test_a_submit_after_the_followers_process_died_is_refused_and_nothing_is_cha
     before = _spent(requester)
     follower.die()
     answer = owner.submit(job["id"], "The whole reply, which nobody waits for.")
-    assert answer.status_code == 409, answer.content
-    assert answer.json()["rc"] == "GenerationCancelled"
-    text_request = TextRequest.objects.get(pk=generation.request_id)
-    assert (text_request.state, text_request.ending) == (TextRequest.State.CANCELLED, Ending.UNAVAILABLE)
-    assert text_request.kudos_spent == 0
-    assert _spent(requester) == before
+    _told_cancelled_and_not_charged(answer, generation.request_id, requester, before)
 
 
 @pytest.mark.django_db(transaction=True)
