@@ -14,6 +14,7 @@ import pytest
 import redis.exceptions
 from django_redis import get_redis_connection
 
+from hordeops import errors
 from jobs import relay
 
 WAIT_SECONDS = 10
@@ -209,3 +210,24 @@ def test_a_publish_is_one_round_trip_with_no_script_check():
     stats = redis_client.info("commandstats")
     assert stats["cmdstat_evalsha"]["calls"] == 3
     assert not any(name.startswith("cmdstat_script") for name in stats), sorted(stats)
+
+
+def test_a_stopping_process_fails_its_followers_and_takes_no_new_one(monkeypatch):
+    monkeypatch.setattr(relay, "_stopping", False)  # put back for the tests after this one
+    request_id = uuid.uuid4()
+    relay.publish(request_id, "delta", "g", text="before", seq=1)
+
+    async def stop_while_following() -> tuple[str, type, type]:
+        events = relay.events(request_id)
+        first = (await _next(events)).text
+        waiting = asyncio.ensure_future(_next(events))
+        await asyncio.sleep(0.1)
+        await relay.stop_following()
+        with pytest.raises(errors.ServerStopping) as followed:
+            await waiting
+        with pytest.raises(errors.ServerStopping) as newcomer:
+            await _next(relay.events(uuid.uuid4()))
+        await _settle()
+        return first, followed.type, newcomer.type
+
+    assert asyncio.run(stop_while_following()) == ("before", errors.ServerStopping, errors.ServerStopping)
