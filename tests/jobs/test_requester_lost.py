@@ -54,6 +54,11 @@ class Following:
 
     def wait_followed(self) -> "Following":
         _until(lambda: self.marked() and self.subscribers() == 1, "the follower did not subscribe")
+
+        async def hub() -> relay._Hub:
+            return relay._hubs[asyncio.get_running_loop()]
+
+        self.hub = asyncio.run_coroutine_threadsafe(hub(), self.loop).result(WAIT_SECONDS)
         return self
 
     def die(self) -> None:
@@ -74,15 +79,16 @@ class Following:
                 await self.events.aclose()
             except Exception:
                 pass  # already ended by the kill
-            # The hub's own tasks (its database watch, its disconnect) end with the loop.
-            while others := [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]:
-                for task in others:
-                    task.cancel()
-                await asyncio.gather(*others, return_exceptions=True)
+            # The hub unsubscribes and closes its connection itself once its last follower left
+            # (disconnects, after a kill): no connection of it outlives the test.
+            hub = self.hub
+            while hub._chores or (hub._listener is not None and not hub._listener.done()):
+                await asyncio.sleep(0.02)
 
         asyncio.run_coroutine_threadsafe(settle(), self.loop).result(WAIT_SECONDS)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(WAIT_SECONDS)
+        self.loop.close()
 
 
 @pytest.fixture
