@@ -383,6 +383,9 @@ def delete_worker(*, api_key: str | None, worker_id: UUID, now: datetime | None 
     The worker is hidden everywhere but the admin and offline at once, and its name is free: its
     next pop under that name makes a new worker. The row stays, so that its generations keep
     their history and a job it still holds can be submitted: nothing in flight is lost.
+
+    A worker a moderator holds (paused, or in a moderator's maintenance) only a moderator may
+    delete: the new row its name would make starts clean, so the owner's delete would shed the hold.
     """
     caller = authenticate(api_key=api_key)
     now = now or clock.now()
@@ -392,10 +395,21 @@ def delete_worker(*, api_key: str | None, worker_id: UUID, now: datetime | None 
             raise errors.WorkerNotFound()
         if not caller.moderator and caller.pk != worker.account_id:
             raise errors.NotModerator("Only the worker's owner or a moderator may delete it.")
+        if not caller.moderator and (hold := _moderators_hold(worker)):
+            raise errors.NotModerator(f"A moderator {hold}: only a moderator can delete it.")
         offline = min(worker.last_pop_at, online_since(now) - timedelta(microseconds=1))
         Worker.objects.filter(pk=worker.pk).update(deleted_at=now, last_pop_at=offline)
     logger.info("worker %s deleted by account %s", worker.pk, caller.pk)
     return {"deleted_id": str(worker.pk), "deleted_name": worker.name}
+
+
+def _moderators_hold(worker: Worker) -> str | None:
+    """How a moderator holds the worker, worded for its owner; None when no moderator does."""
+    if worker.paused:
+        return "paused this worker"
+    if worker.maintenance and worker.maintenance_by_moderator:
+        return f"put this worker into maintenance ({worker.maintenance_reason})"
+    return None
 
 
 def say_goodbye(*, api_key: str | None, name: str, now: datetime) -> Worker:

@@ -251,6 +251,37 @@ def test_only_the_owner_or_a_moderator_may_delete_a_worker(requester, owner, mak
     assert requester.client.delete("/api/v2/workers/not-a-uuid", HTTP_APIKEY=owner.api_key).status_code == 404
 
 
+def test_an_owner_cannot_shed_a_moderators_pause_or_maintenance_by_deleting_and_popping_again(
+    requester, owner, make_caller
+):
+    moderator = make_caller("holding-moderator")
+    Account.objects.filter(pk=moderator.account.pk).update(moderator=True)
+    holds = {
+        "held-paused": {"paused": True},
+        "held-bound": {"maintenance": True, "maintenance_msg": "Faked it."},
+    }
+    for name, hold in holds.items():
+        owner.pop(name, models=["m1"])
+        path = f"/api/v2/workers/{Worker.objects.get(name=name).id}"
+        held = moderator.client.put(path, hold, format="json", HTTP_APIKEY=moderator.api_key)
+        assert held.status_code == 200
+        refused = owner.client.delete(path, HTTP_APIKEY=owner.api_key)
+        assert (refused.status_code, refused.json()["rc"]) == (403, "NotModerator"), refused.content
+        assert "only a moderator can delete it" in refused.json()["message"]
+    assert Worker.objects.live().filter(name__in=holds).count() == 2
+    requester.request_text(models=["m1"])
+    # The same names pop the held rows, not clean ones: neither is offered the job.
+    assert owner.pop("held-paused", models=["m1"]).json()["id"] is None
+    assert owner.pop("held-bound", models=["m1"]).status_code == 403
+    # The owner's own maintenance is no hold, and a moderator may still delete a held worker.
+    owner.pop("own-maintenance", models=["m1"])
+    mine = f"/api/v2/workers/{Worker.objects.get(name='own-maintenance').id}"
+    owner.client.put(mine, {"maintenance": True}, format="json", HTTP_APIKEY=owner.api_key)
+    assert owner.client.delete(mine, HTTP_APIKEY=owner.api_key).status_code == 200
+    held = f"/api/v2/workers/{Worker.objects.get(name='held-paused').id}"
+    assert moderator.client.delete(held, HTTP_APIKEY=moderator.api_key).status_code == 200
+
+
 def test_an_untrusted_account_runs_three_workers_a_trusted_one_twenty_and_a_moderator_sets_more(
     owner, trusted_owner
 ):
