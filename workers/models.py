@@ -162,6 +162,10 @@ class Worker(models.Model):
     # discovery routes read them from this row (no scan of the generations).
     tokens_generated = models.BigIntegerField(default=0, db_default=0)
     kudos_rewards = models.FloatField(default=0, db_default=0)
+    # The largest context (prompt and reply, within the request's max_context_length) of a job
+    # it completed, kept by the submit's statement: uptime counts no more context than this
+    # (`kudos.uptime`), as nothing checks the max_context_length a pop declares.
+    served_context = models.PositiveIntegerField(default=0, db_default=0)
     # What staying online earned it (`kudos.uptime`), and until when it was paid for; None
     # while it is not counted (before its first pass online, or after it went offline).
     kudos_uptime = models.FloatField(default=0, db_default=0)

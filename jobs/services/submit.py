@@ -107,6 +107,8 @@ def _submit(
                     tokens=tokens, seconds=(now - generation.popped_at).total_seconds()
                 ),
                 "window": Worker.SPEED_WINDOW,
+                # The context this job showed the worker serves (`Worker.served_context`).
+                "context": min(text_request.max_context_length, text_request.prompt_tokens + tokens),
                 **settlement.params,
             },
         )

@@ -25,7 +25,19 @@ WORKER_POST_PARTS = (
     (Account, ("id", "api_key_hash", "trusted", "suspended_at", "suspension_reason")),
     (Generation, None),
     (Worker, ("account", "chat", "bridge_agent")),
-    (TextRequest, ("kind", "state", "max_length", "deadline_at", "followed", "account", "prompt_tokens")),
+    (
+        TextRequest,
+        (
+            "kind",
+            "state",
+            "max_length",
+            "max_context_length",
+            "deadline_at",
+            "followed",
+            "account",
+            "prompt_tokens",
+        ),
+    ),
 )
 
 
@@ -62,9 +74,9 @@ def renew() -> str:
 def accept() -> str:
     """A submit's result, in one statement: the compare-and-set on the generation (whichever of
     the submit and the stale pass gets the row first wins; the other sees state != processing
-    and changes nothing), the request's count and cost, the worker's speed, and the kudos event
-    that settles the generation (`kudos.sql.post_event`, posted only if accepted). Returns 1 if
-    accepted."""
+    and changes nothing), the request's count and cost, the worker's speed and the largest context
+    it has served (`Worker.served_context`), and the kudos event that settles the generation
+    (`kudos.sql.post_event`, posted only if accepted). Returns 1 if accepted."""
     return f"""
     WITH accepted AS (
         UPDATE {GENERATIONS} SET
@@ -93,7 +105,8 @@ def accept() -> str:
                     [greatest(1, cardinality(w.speed_samples) + 2 - %(window)s):]) AS x),
             completed_jobs = w.completed_jobs + 1,
             tokens_generated = w.tokens_generated + %(tokens)s,
-            kudos_rewards = w.kudos_rewards + %(reward)s
+            kudos_rewards = w.kudos_rewards + %(reward)s,
+            served_context = greatest(w.served_context, %(context)s)
         FROM accepted AS a WHERE w.id = a.worker_id
         RETURNING w.id
     ),

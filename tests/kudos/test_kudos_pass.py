@@ -24,9 +24,9 @@ def online(clock):
     """Keep a worker of `caller` online (a pop a minute) for `seconds`, running the pass each minute."""
     TextModel.objects.get_or_create(name="m13", defaults={"parameters": 13_000_000_000})
 
-    def keep(caller, seconds: int, name: str = "up") -> None:
+    def keep(caller, seconds: int, name: str = "up", context: int = 2048) -> None:
         for _ in range(seconds // 60):
-            caller.pop(name, models=["m13"], max_context_length=2048, **BRIDGE)
+            caller.pop(name, models=["m13"], max_context_length=context, **BRIDGE)
             run_kudos_pass()
             clock.shift(60)
 
@@ -105,3 +105,32 @@ def test_without_a_threshold_no_account_becomes_trusted_but_a_moderators_trust_r
     Account.objects.filter(pk=pk).update(trusted=True)  # as a moderator does in the admin
     run_kudos_pass()
     assert (ledger.balance(pk), ledger.balance(pk, escrow=True)) == (UPTIME, 0)
+
+
+@pytest.mark.parametrize("hold", ["paused", "flagged"])
+def test_a_paused_worker_or_one_of_a_flagged_account_earns_no_uptime(owner, online, hold):
+    online(owner, 60)
+    if hold == "paused":
+        Worker.objects.update(paused=True)
+    else:
+        Account.objects.filter(pk=owner.account.pk).update(flagged_at=timezone.now())
+    online(owner, 21 * 60)
+    assert not Event.objects.filter(kind=Event.Kind.UPTIME).exists()
+    assert Worker.objects.get().kudos_uptime == 0
+
+
+def test_uptime_counts_no_more_context_than_the_worker_has_shown_it_serves(
+    trusted_owner, requester, online, clock
+):
+    # Declaring a million tokens of context earns an idle worker the pop's default 2,048.
+    online(trusted_owner, 11 * 60, context=1_048_576)
+    assert Worker.objects.get().kudos_uptime == float(UPTIME)
+    # A job of 8,000 prompt tokens (32,000 characters) and a 20-token reply shows 8,020.
+    requester.request_text("word" * 8000, models=["m13"], params={"max_context_length": 8192})
+    job = trusted_owner.pop("up", models=["m13"], max_context_length=1_048_576, **BRIDGE).json()
+    assert trusted_owner.submit(job["id"]).status_code == 200
+    assert Worker.objects.get().served_context == 8020
+    online(trusted_owner, 10 * 60, context=1_048_576)
+    # (25 + 15 x 8,020 / 1,024) x 13 / 7 for the second period.
+    assert Worker.objects.get().kudos_uptime == float(UPTIME + Decimal("264.61"))
+    call_command("check_kudos")
