@@ -150,3 +150,31 @@ def test_connections_past_the_processs_bound_are_503_and_closed(web):
             sock.close()
     time.sleep(0.5)
     assert _heartbeat_answers(web)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_head_over_the_bound_sent_in_one_write_is_431_and_closed(web):
+    with _connect(web) as sock:
+        sock.sendall(
+            b"GET /api/v2/status/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Long: "
+            + b"l" * (40 * 1024)
+            + b"\r\n\r\n"
+        )
+        status, headers, body = _answer(sock)
+    assert status == 431
+    assert (json.loads(body)["rc"], headers["connection"]) == ("RequestHeaderFieldsTooLarge", "close")
+    assert _heartbeat_answers(web)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heads_that_each_fit_sent_together_in_one_write_larger_than_the_bound_are_all_served(web):
+    def head(close: bytes) -> bytes:
+        fits = b"X-Fits: " + b"f" * (HEAD_MAX_BYTES // 2)
+        return b"GET /api/v2/status/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\n" + fits + close + b"\r\n\r\n"
+
+    with _connect(web) as sock:
+        sock.sendall(head(b"") + head(b"") + head(b"\r\nConnection: close"))
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert raw.count(b"HTTP/1.1 200 OK\r\n") == 3, raw[:300]
