@@ -5,7 +5,9 @@ keep-alive timer is cancelled by the first byte of the next request), and keeps 
 is sent, however slowly and however large. Here, per connection:
 
 - a head (request line and headers) must be complete REQUEST_HEAD_SECONDS after the connection
-  opens or its first byte arrives, else 408 and the connection is closed;
+  opens or, on a kept-alive one, after the first byte that follows the last answer (a blank line
+  included: the parser skips those, and each would otherwise put off uvicorn's keep-alive close),
+  else 408 and the connection is closed;
 - a head may hold REQUEST_HEAD_MAX_BYTES, else 431 and closed: the bytes are counted after each
   read the parser takes, so at most one read (256 KiB) past the bound is ever held, and a head
   that ends within a read larger than the bound is measured once its headers are in;
@@ -33,6 +35,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._in_head = False  # from a message's first byte until its headers are complete
         self._head_bytes = 0  # of the reads before this one, while in a head
         self._read_bytes = 0  # this read's
+        self._between = False  # from a message's end until the next begins
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -50,6 +53,8 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         # exception it raises, which uvicorn would log and answer as an invalid request (400).
         self._unset_keepalive_if_required()
         self._read_bytes = len(data)
+        if self._between and self._head_timer is None and self.cycle.response_complete:
+            self._arm_head_timer()  # the first byte after an answer: the next head's clock starts
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
@@ -71,7 +76,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._between = True, 0, False
         if self._head_timer is None:
             self._arm_head_timer()
 
@@ -83,6 +88,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._in_head = False
         self._disarm_head_timer()
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._between = True
 
     def _head_size(self) -> int:
         """The bytes of the head just parsed: its request line and headers, less the optional
