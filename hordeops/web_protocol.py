@@ -5,9 +5,12 @@ keep-alive timer is cancelled by the first byte of the next request), and keeps 
 is sent, however slowly and however large. Here, per connection:
 
 - a head (request line and headers) must be complete REQUEST_HEAD_SECONDS after the connection
-  opens or its first byte arrives, else 408 and the connection is closed;
+  opens or, on a kept-alive one, after the first byte that follows the last answer (a blank line
+  included: the parser skips those, and each would otherwise put off uvicorn's keep-alive close),
+  else 408 and the connection is closed;
 - a head may hold REQUEST_HEAD_MAX_BYTES, else 431 and closed: the bytes are counted after each
-  read the parser takes, so at most one read (256 KiB) past the bound is ever held;
+  read the parser takes, so at most one read (256 KiB) past the bound is ever held, and a head
+  that ends within a read larger than the bound is measured once its headers are in;
 - a process holds WEB_MAX_CONNECTIONS connections at most: the next is answered 503 and closed.
 
 Bodies have their own bounds once the head is in (`hordeops/asgi.py`).
@@ -30,7 +33,9 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._max_connections = settings.WEB_MAX_CONNECTIONS
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_head = False  # from a message's first byte until its headers are complete
-        self._head_bytes = 0
+        self._head_bytes = 0  # of the reads before this one, while in a head
+        self._read_bytes = 0  # this read's
+        self._between = False  # from a message's end until the next begins
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -44,7 +49,26 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        # uvicorn's, but for a head refused by on_headers_complete: the parser is stopped by the
+        # exception it raises, which uvicorn would log and answer as an invalid request (400).
+        self._unset_keepalive_if_required()
+        self._read_bytes = len(data)
+        if self._between and self._head_timer is None and self.cycle.response_complete:
+            self._arm_head_timer()  # the first byte after an answer: the next head's clock starts
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.transport.is_closing():
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         if self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self._head_limit:
@@ -52,14 +76,28 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head, self._head_bytes = True, 0
+        self._in_head, self._head_bytes, self._between = True, 0, False
         if self._head_timer is None:
             self._arm_head_timer()
 
     def on_headers_complete(self) -> None:
+        # Only a read larger than the bound may hide a head over it: then it is measured.
+        if self._head_bytes + self._read_bytes > self._head_limit and self._head_size() > self._head_limit:
+            self._refuse(errors.HeadTooLarge())
+            raise _HeadRefused  # stops the parser: nothing after this head is taken
         self._in_head = False
         self._disarm_head_timer()
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._between = True
+
+    def _head_size(self) -> int:
+        """The bytes of the head just parsed: its request line and headers, less the optional
+        white space around values, which the parser drops."""
+        size = len(self.parser.get_method()) + len(self.url) + len(b"  HTTP/1.1\r\n\r\n")
+        return size + sum(len(name) + len(value) + len(b": \r\n") for name, value in self.headers)
 
     def _arm_head_timer(self) -> None:
         self._disarm_head_timer()
@@ -94,6 +132,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             return httptools.parse_url(self.url).path.decode("ascii", "replace")
         except httptools.HttpParserInvalidURLError:
             return ""
+
+
+class _HeadRefused(Exception):
+    pass
 
 
 def _raw_response(path: str, err: errors.DomainError) -> bytes:

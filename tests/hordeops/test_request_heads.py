@@ -4,6 +4,7 @@
 import http.client
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -55,6 +56,20 @@ def _heartbeat_answers(port: int) -> bool:
     with _connect(port) as sock:
         sock.sendall(b"GET /api/v2/status/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         return _answer(sock)[0] == 200
+
+
+def _kept_alive_answer(sock: socket.socket) -> int:
+    """The status of one answer read to its content-length's end, the connection left open."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        raw += sock.recv(65536)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    length = int(
+        next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:]
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split()[1])
 
 
 @pytest.mark.django_db(transaction=True)
@@ -150,3 +165,52 @@ def test_connections_past_the_processs_bound_are_503_and_closed(web):
             sock.close()
     time.sleep(0.5)
     assert _heartbeat_answers(web)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_alive_connection_that_trickles_blank_lines_is_408_and_closed_when_its_heads_time_is_up(web):
+    with _connect(web) as sock:
+        sock.sendall(b"GET /api/v2/status/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert _kept_alive_answer(sock) == 200
+        started, answered_after = time.monotonic(), None
+        # The parser skips blank lines between requests, and each one cancels uvicorn's keep-alive
+        # timer: without a head timer such a connection is held for ever.
+        while answered_after is None and time.monotonic() - started < HEAD_SECONDS + 4:
+            try:
+                sock.sendall(b"\r\n")
+            except OSError:
+                pass  # the server closed it; its answer is read below
+            if select.select([sock], [], [], 0.3)[0]:
+                answered_after = time.monotonic() - started
+        assert answered_after is not None, "the connection is still open"
+        assert answered_after < HEAD_SECONDS + 1.5
+        status, headers, body = _answer(sock)
+        assert (status, json.loads(body)["rc"], headers["connection"]) == (408, "RequestTimeout", "close")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_head_over_the_bound_sent_in_one_write_is_431_and_closed(web):
+    with _connect(web) as sock:
+        sock.sendall(
+            b"GET /api/v2/status/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Long: "
+            + b"l" * (40 * 1024)
+            + b"\r\n\r\n"
+        )
+        status, headers, body = _answer(sock)
+    assert status == 431
+    assert (json.loads(body)["rc"], headers["connection"]) == ("RequestHeaderFieldsTooLarge", "close")
+    assert _heartbeat_answers(web)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heads_that_each_fit_sent_together_in_one_write_larger_than_the_bound_are_all_served(web):
+    def head(close: bytes) -> bytes:
+        fits = b"X-Fits: " + b"f" * (HEAD_MAX_BYTES // 2)
+        return b"GET /api/v2/status/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\n" + fits + close + b"\r\n\r\n"
+
+    with _connect(web) as sock:
+        sock.sendall(head(b"") + head(b"") + head(b"\r\nConnection: close"))
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    assert raw.count(b"HTTP/1.1 200 OK\r\n") == 3, raw[:300]
