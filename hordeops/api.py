@@ -173,6 +173,11 @@ class RateLimitMiddleware(MiddlewareMixin):
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         path = request.path
+        if ratelimit.is_unreadable(ratelimit.request_address(request)) and not ratelimit.is_unlimited_path(
+            path
+        ):
+            # Fail closed: an address no limit can hold would escape its timeouts and buckets.
+            return error_response_for_path(path, errors.UnreadableAddress())
         if timeouts.any_active() and timeouts.is_checked_path(path):
             seconds = timeouts.seconds_left(ratelimit.request_address(request))
             if seconds:

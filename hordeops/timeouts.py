@@ -37,13 +37,26 @@ _lock = threading.Lock()
 _snapshot: tuple[float, tuple[tuple[Network, float], ...]] | None = None
 
 
+# The IPv4 addresses mapped into IPv6 (::ffff:a.b.c.d): held as the IPv4 ones they are.
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
 def network(text: str) -> Network:
-    """An address or a CIDR network as the timeouts hold it (an address is its /32 or /128);
-    ValueError if it is neither."""
+    """An address or a CIDR network as the timeouts hold it; ValueError if it is neither.
+
+    An IPv4 address is its /32; an IPv6 address, or a network narrower than /64, its /64, as
+    the rate and worker limits count it (one subscriber has at least a /64: a single address's
+    timeout would let the next one escape); an IPv4-mapped IPv6 one, the IPv4 one it maps.
+    """
     text = text.strip()
     if not text or len(text) > 50:
         raise ValueError(text)
-    return ipaddress.ip_network(text, strict=False)
+    net = ipaddress.ip_network(text, strict=False)
+    if net.version == 6 and net.prefixlen >= 96 and net.subnet_of(_MAPPED):
+        return ipaddress.IPv4Network((int(net.network_address) & 0xFFFFFFFF, net.prefixlen - 96))
+    if net.version == 6 and net.prefixlen > 64:
+        return net.supernet(new_prefix=64)
+    return net
 
 
 def shown(net: Network) -> str:
@@ -100,6 +113,7 @@ def seconds_left(address: str, *, now: float | None = None) -> int:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
+        # The middleware refuses an address it cannot read before this (`ratelimit.readable`).
         return 0
     if ip.version == 6 and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped

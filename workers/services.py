@@ -237,7 +237,11 @@ def time_out_address(
 def lift_address_timeouts(*, networks: list[str], by: str, now: datetime) -> int:
     """End the timeouts of these addresses or networks (as `time_out_address` names them)."""
     names = [_timeout_name(network) for network in networks]
-    lifted, _ = AddressTimeout.objects.filter(network__in=names).delete()
+    # By what each row holds, not its name: a row named before single IPv6 addresses were held
+    # as their /64 (`2001:db8::1`) is lifted by any address of that /64.
+    held = {timeouts.network(name) for name in names}
+    rows = [row.pk for row in AddressTimeout.objects.all() if timeouts.network(row.network) in held]
+    lifted, _ = AddressTimeout.objects.filter(pk__in=rows).delete()
     publish_address_timeouts(now=now)
     logger.info("timeouts of %s lifted by %s", ", ".join(names), by)
     return lifted
