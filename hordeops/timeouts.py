@@ -17,6 +17,7 @@ import threading
 import time
 
 import redis.exceptions
+from django.conf import settings
 from django_redis import get_redis_connection
 
 from hordeops import clock
@@ -41,6 +42,16 @@ _snapshot: tuple[float, tuple[tuple[Network, float], ...]] | None = None
 _MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 
 
+# The shortest prefixes a moderator may time out: a wider one shuts out a good part of the
+# Internet with the raid (`0.0.0.0/0` every IPv4 caller).
+SHORTEST_PREFIX = {4: 8, 6: 32}
+_LOOPBACK = (ipaddress.IPv4Network("127.0.0.0/8"), ipaddress.IPv6Network("::1/128"))
+
+
+class RefusedNetwork(ValueError):
+    """A network a moderator may not time out; the message says why."""
+
+
 def network(text: str) -> Network:
     """An address or a CIDR network as the timeouts hold it; ValueError if it is neither.
 
@@ -56,6 +67,30 @@ def network(text: str) -> Network:
         return ipaddress.IPv4Network((int(net.network_address) & 0xFFFFFFFF, net.prefixlen - 96))
     if net.version == 6 and net.prefixlen > 64:
         return net.supernet(new_prefix=64)
+    return net
+
+
+def network_to_time_out(text: str) -> Network:
+    """`network(text)`, refused (RefusedNetwork) where a timeout would shut out everyone or the
+    horde itself: a prefix shorter than SHORTEST_PREFIX, loopback, or any network overlapping
+    TRUSTED_PROXIES (every call through them would be refused). The admin's form and
+    `/api/v2/operations/ipaddr` both check with it."""
+    net = network(text)
+    shortest = SHORTEST_PREFIX[net.version]
+    if net.prefixlen < shortest:
+        raise RefusedNetwork(
+            f"A timeout may cover at most a /{shortest} (IPv{net.version}): {shown(net)} is wider."
+        )
+    if any(net.version == other.version and net.overlaps(other) for other in _LOOPBACK):
+        raise RefusedNetwork(
+            f"{shown(net)} holds loopback, the horde's own host: it cannot be put into timeout."
+        )
+    for proxy in settings.TRUSTED_PROXIES:
+        if net.version == proxy.version and net.overlaps(proxy):
+            raise RefusedNetwork(
+                f"{shown(net)} overlaps the horde's proxy {shown(proxy)} (TRUSTED_PROXIES): "
+                "every call through it would be refused."
+            )
     return net
 
 

@@ -223,7 +223,12 @@ def time_out_address(
 ) -> AddressTimeout:
     """Put an address or a network into timeout until `until` (a timeout it has already is
     replaced), and have every web process refuse it within a second (`hordeops.timeouts`)."""
-    name = _timeout_name(network)
+    try:
+        name = timeouts.shown(timeouts.network_to_time_out(network))
+    except timeouts.RefusedNetwork as refused:
+        raise errors.BadRequest(str(refused)) from None
+    except ValueError:
+        raise errors.BadRequest("Invalid IP Address") from None
     with transaction.atomic():
         row, _ = AddressTimeout.objects.update_or_create(
             network=name,
@@ -248,7 +253,8 @@ def lift_address_timeouts(*, networks: list[str], by: str, now: datetime) -> int
 
 
 def _timeout_name(network: str) -> str:
-    """An address or network as its timeout is named (`AddressTimeout.network`), or 400."""
+    """An address or network as its timeout is named (`AddressTimeout.network`), or 400; its
+    bounds are not checked here (a timeout set before them may still be lifted)."""
     try:
         return timeouts.shown(timeouts.network(network))
     except ValueError:

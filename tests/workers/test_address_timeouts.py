@@ -247,3 +247,63 @@ def test_a_forwarded_address_with_a_port_or_brackets_is_held_by_its_timeout_and_
     )
     assert chat.status_code == 400 and "error" in json.loads(chat.content)
     assert caller.client.get("/api/v2/status/heartbeat").status_code == 200
+
+
+REFUSED_NETWORKS = (
+    ("0.0.0.0/0", "at most a /8"),
+    ("128.0.0.0/1", "at most a /8"),
+    ("10.0.0.0/7", "at most a /8"),
+    ("2000::/3", "at most a /32"),
+    ("2001:db8::/31", "at most a /32"),
+    ("127.0.0.1", "loopback"),
+    ("126.0.0.0/8", None),  # allowed: the bound itself, and no loopback in it
+    ("127.0.0.0/8", "loopback"),
+    ("0:0:0:0::1", "loopback"),  # ::1, long enough for the route (7 characters at least)
+    ("::ffff:127.0.0.1", "loopback"),
+    ("10.9.0.0/16", "TRUSTED_PROXIES"),
+    ("10.9.9.9", "TRUSTED_PROXIES"),
+    ("2001:db8:f::/48", "TRUSTED_PROXIES"),
+)
+
+
+@pytest.mark.parametrize("ipaddr, why", REFUSED_NETWORKS)
+def test_the_route_refuses_a_timeout_of_too_wide_a_network_loopback_or_the_hordes_proxies(
+    clock, settings, mod_key, ipaddr, why
+):
+    settings.TRUSTED_PROXIES = (
+        ipaddress.ip_network("10.9.9.0/24"),
+        ipaddress.ip_network("2001:db8:f:1::/64"),
+    )
+    answer = _time_out(mod_key, ipaddr)
+    if why is None:
+        assert answer.status_code == 200
+        return
+    assert (answer.status_code, answer.json()["rc"]) == (400, "BadRequest"), ipaddr
+    assert why in answer.json()["message"]
+    assert not AddressTimeout.objects.exists()
+
+
+@pytest.mark.parametrize("network, why", REFUSED_NETWORKS)
+def test_the_admin_refuses_a_timeout_of_too_wide_a_network_loopback_or_the_hordes_proxies(
+    clock, settings, moderator, network, why
+):
+    settings.TRUSTED_PROXIES = (
+        ipaddress.ip_network("10.9.9.0/24"),
+        ipaddress.ip_network("2001:db8:f:1::/64"),
+    )
+    added = moderator.post("/admin/workers/addresstimeout/add/", {"network": network, "hours": "6"})
+    if why is None:
+        assert added.status_code == 302
+        return
+    assert added.status_code == 200
+    assert why in added.content.decode()
+    assert not AddressTimeout.objects.exists()
+
+
+def test_a_timeout_set_before_the_bounds_may_still_be_lifted(clock, mod_key):
+    AddressTimeout.objects.create(network="0.0.0.0/0", until=datetime.fromisoformat(T0) + timedelta(hours=1))
+    lifted = mod_key.client.delete(
+        OPERATIONS, {"ipaddr": "0.0.0.0/0"}, format="json", HTTP_APIKEY=mod_key.api_key
+    )
+    assert lifted.json() == {"message": "OK"}
+    assert not AddressTimeout.objects.exists()
