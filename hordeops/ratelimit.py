@@ -79,10 +79,6 @@ class Bucket:
     burst: int
 
 
-def is_limited_path(path: str) -> bool:
-    return not path.startswith(WORKER_PATHS + UNLIMITED_PATHS)
-
-
 def is_unlimited_path(path: str) -> bool:
     return path.startswith(UNLIMITED_PATHS)
 
