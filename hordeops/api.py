@@ -173,17 +173,21 @@ class RateLimitMiddleware(MiddlewareMixin):
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         path = request.path
+        if ratelimit.is_unlimited_path(path):
+            return None  # the operator's probe and metrics, static files: no address read
+        address = ratelimit.request_address(request)
+        if ratelimit.is_unreadable(address):
+            # Fail closed: an address no limit can hold would escape its timeouts and buckets.
+            return error_response_for_path(path, errors.UnreadableAddress())
         if timeouts.any_active() and timeouts.is_checked_path(path):
-            seconds = timeouts.seconds_left(ratelimit.request_address(request))
+            seconds = timeouts.seconds_left(address)
             if seconds:
                 metrics.increment_soon(metrics.TIMED_OUT_REFUSALS, now=clock.now())
                 return error_response_for_path(path, errors.TimeoutIP(seconds))
         if ratelimit.is_worker_path(path):
             return self._worker_call(request)
-        if not ratelimit.is_limited_path(path):
-            return None
         api_key = keys.requester_api_key(path, request.headers)
-        wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=ratelimit.request_address(request)))
+        wait = ratelimit.take(ratelimit.buckets(api_key=api_key, address=address))
         if wait:
             return error_response_for_path(path, errors.RateLimited(wait_seconds=wait))
         return None

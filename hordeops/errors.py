@@ -40,6 +40,13 @@ class BadRequest(DomainError):
     code = "BadRequest"
 
 
+class UnreadableAddress(BadRequest):
+    default_message = (
+        "The client address could not be read: the horde's proxy forwarded something that is not an "
+        "IP address (X-Forwarded-For). Please tell the horde's operator."
+    )
+
+
 class NotFound(DomainError):
     code = "NotFound"
     status = 404

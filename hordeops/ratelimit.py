@@ -9,8 +9,10 @@ to its burst.
 
 The client address is the connection's peer, or, when the peer is a proxy named in
 TRUSTED_PROXIES, the nearest address in X-Forwarded-For that is not such a proxy: a caller
-cannot choose its own address. An IPv6 address is bucketed by its /64, the least a network
-hands one subscriber, so that one client cannot take a bucket per address of its own.
+cannot choose its own address. A port or brackets around it are taken off (`readable`); an
+address that is still no IP address is refused (`is_unreadable`, 400 in the middleware). An
+IPv6 address is bucketed by its /64, the least a network hands one subscriber, so that one
+client cannot take a bucket per address of its own.
 
 The worker routes are bounded by their own rules, but a call with a key no account has
 takes a token from its address's bucket, and such keys are remembered in each process for
@@ -77,8 +79,8 @@ class Bucket:
     burst: int
 
 
-def is_limited_path(path: str) -> bool:
-    return not path.startswith(WORKER_PATHS + UNLIMITED_PATHS)
+def is_unlimited_path(path: str) -> bool:
+    return path.startswith(UNLIMITED_PATHS)
 
 
 def is_worker_path(path: str) -> bool:
@@ -100,14 +102,46 @@ def address_bucket(address: str) -> str:
 
 
 def client_address(peer: str, forwarded_for: str) -> str:
-    """The client's address: `peer`, or the nearest untrusted hop when `peer` is a trusted proxy."""
+    """The client's address: `peer`, or the nearest untrusted hop when `peer` is a trusted proxy,
+    a port or brackets a proxy wrote around it taken off (`readable`)."""
     trusted = settings.TRUSTED_PROXIES
     if not trusted or not _is_trusted(peer, trusted):
-        return peer
+        return readable(peer)
     for hop in reversed([part.strip() for part in forwarded_for.split(",") if part.strip()]):
+        hop = readable(hop)
         if not _is_trusted(hop, trusted):
             return hop
     return peer  # every hop is one of ours: the request came from inside
+
+
+def readable(address: str) -> str:
+    """`address` without the port or brackets some proxies add (`[2001:db8::1]:443`,
+    `[2001:db8::1]`, `203.0.113.7:5678`), or as it was when it is not one of those forms:
+    `is_unreadable` then tells the caller to refuse it rather than guess."""
+    if address.startswith("["):
+        inside, bracket, port = address[1:].partition("]")
+        if bracket and (not port or (port[0] == ":" and port[1:].isdigit())):
+            return inside if _is_ip(inside) and ":" in inside else address
+        return address
+    if address.count(":") == 1:
+        host, _, port = address.partition(":")
+        if port.isdigit() and _is_ip(host):
+            return host
+    return address
+
+
+def is_unreadable(address: str) -> bool:
+    """Whether a client address is there but is no IP address: such a caller would escape its
+    timeouts and have a rate bucket of its own, so the routes refuse it (400)."""
+    return bool(address) and not _is_ip(address)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def request_address(request) -> str:

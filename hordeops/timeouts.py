@@ -17,6 +17,7 @@ import threading
 import time
 
 import redis.exceptions
+from django.conf import settings
 from django_redis import get_redis_connection
 
 from hordeops import clock
@@ -37,13 +38,60 @@ _lock = threading.Lock()
 _snapshot: tuple[float, tuple[tuple[Network, float], ...]] | None = None
 
 
+# The IPv4 addresses mapped into IPv6 (::ffff:a.b.c.d): held as the IPv4 ones they are.
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+# The shortest prefixes a moderator may time out: a wider one shuts out a good part of the
+# Internet with the raid (`0.0.0.0/0` every IPv4 caller).
+SHORTEST_PREFIX = {4: 8, 6: 32}
+_LOOPBACK = (ipaddress.IPv4Network("127.0.0.0/8"), ipaddress.IPv6Network("::1/128"))
+
+
+class RefusedNetwork(ValueError):
+    """A network a moderator may not time out; the message says why."""
+
+
 def network(text: str) -> Network:
-    """An address or a CIDR network as the timeouts hold it (an address is its /32 or /128);
-    ValueError if it is neither."""
+    """An address or a CIDR network as the timeouts hold it; ValueError if it is neither.
+
+    An IPv4 address is its /32; an IPv6 address, or a network narrower than /64, its /64, as
+    the rate and worker limits count it (one subscriber has at least a /64: a single address's
+    timeout would let the next one escape); an IPv4-mapped IPv6 one, the IPv4 one it maps.
+    """
     text = text.strip()
     if not text or len(text) > 50:
         raise ValueError(text)
-    return ipaddress.ip_network(text, strict=False)
+    net = ipaddress.ip_network(text, strict=False)
+    if net.version == 6 and net.prefixlen >= 96 and net.subnet_of(_MAPPED):
+        return ipaddress.IPv4Network((int(net.network_address) & 0xFFFFFFFF, net.prefixlen - 96))
+    if net.version == 6 and net.prefixlen > 64:
+        return net.supernet(new_prefix=64)
+    return net
+
+
+def network_to_time_out(text: str) -> Network:
+    """`network(text)`, refused (RefusedNetwork) where a timeout would shut out everyone or the
+    horde itself: a prefix shorter than SHORTEST_PREFIX, loopback, or any network overlapping
+    TRUSTED_PROXIES (every call through them would be refused). The admin's form and
+    `/api/v2/operations/ipaddr` both check with it."""
+    net = network(text)
+    shortest = SHORTEST_PREFIX[net.version]
+    if net.prefixlen < shortest:
+        raise RefusedNetwork(
+            f"A timeout may cover at most a /{shortest} (IPv{net.version}): {shown(net)} is wider."
+        )
+    if any(net.version == other.version and net.overlaps(other) for other in _LOOPBACK):
+        raise RefusedNetwork(
+            f"{shown(net)} holds loopback, the horde's own host: it cannot be put into timeout."
+        )
+    for proxy in settings.TRUSTED_PROXIES:
+        if net.version == proxy.version and net.overlaps(proxy):
+            raise RefusedNetwork(
+                f"{shown(net)} overlaps the horde's proxy {shown(proxy)} (TRUSTED_PROXIES): "
+                "every call through it would be refused."
+            )
+    return net
 
 
 def shown(net: Network) -> str:
@@ -100,6 +148,7 @@ def seconds_left(address: str, *, now: float | None = None) -> int:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
+        # The middleware refuses an address it cannot read before this (`ratelimit.readable`).
         return 0
     if ip.version == 6 and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped

@@ -517,8 +517,12 @@ class AddressTimeoutForm(forms.ModelForm):
         fields = ("network", "reason")
 
     def clean_network(self) -> str:
+        # The route's check too (`services.time_out_address`): one rule for both ways in.
+        text = self.cleaned_data["network"]
         try:
-            return timeouts.shown(timeouts.network(self.cleaned_data["network"]))
+            return timeouts.shown(timeouts.network_to_time_out(text))
+        except timeouts.RefusedNetwork as refused:
+            raise forms.ValidationError(str(refused)) from None
         except ValueError:
             raise forms.ValidationError("Not an IP address or a CIDR network.") from None
 

@@ -116,13 +116,15 @@ def check_in_worker(
     """Authenticate a pop's key, find or create the worker it names, and record what the
     worker declares now; return the worker with its account (the key's) loaded.
 
-    One statement: the key's account is looked up; a new name creates the worker; a name of
+    One statement for a known name: the key's account is looked up; a name of
     this account's updates what the worker declares and its last pop; a name owned by another
     account is refused, as is the anonymous account (it may not own workers). The last pop
     is written only when it is older than `capacity.check_in_fresh_since` (a tenth of the
     online window), as the AI Horde debounces its check-in, unless something the worker
     declares changed: then it is written at once. Most pops thus write nothing: a worker
-    row update touches five indexes, the GIN index of its models among them.
+    row update touches five indexes, the GIN index of its models among them. A new name costs
+    two statements more, in one transaction: the account's and the address's locks
+    (`sql.lock_new_name`), then the check-in again, which creates the worker within the limits.
 
     `address` is the pop's client address (`hordeops.ratelimit.request_address`): kept on the
     worker as the limits count it, and a new worker of an untrusted account is refused once
@@ -130,35 +132,34 @@ def check_in_worker(
     """
     limited = is_limited_address(address)
     address = address_bucket(address) if address else ""
-    found = fetch_instances(
-        sql.check_in(),
-        {
-            "api_key_hash": hash_api_key(required_api_key(api_key)),
-            "name": name,
-            "served_models": served_models,
-            "max_length": max_length,
-            "max_context_length": max_context_length,
-            "threads": threads,
-            "nsfw": nsfw,
-            "chat": chat,
-            "bridge_agent": bridge_agent,
-            "now": now,
-            "fresh_since": check_in_fresh_since(now),
-            "worker_limit_trusted": settings.WORKER_LIMIT_TRUSTED,
-            "worker_limit_untrusted": settings.WORKER_LIMIT_UNTRUSTED,
-            "address": address,
-            "limit_address": address if limited else None,
-            "worker_limit_per_address": settings.WORKER_LIMIT_PER_ADDRESS,
-        },
-        (Account, None),
-        (Worker, None),
-    )
-    if found is None:
-        raise errors.InvalidAPIKey()
-    account, worker = found
-    refuse_suspended(account)
-    if account.is_anonymous:
-        raise errors.AnonForbiddenWorker()
+    params = {
+        "api_key_hash": hash_api_key(required_api_key(api_key)),
+        "name": name,
+        "served_models": served_models,
+        "max_length": max_length,
+        "max_context_length": max_context_length,
+        "threads": threads,
+        "nsfw": nsfw,
+        "chat": chat,
+        "bridge_agent": bridge_agent,
+        "now": now,
+        "fresh_since": check_in_fresh_since(now),
+        "worker_limit_trusted": settings.WORKER_LIMIT_TRUSTED,
+        "worker_limit_untrusted": settings.WORKER_LIMIT_UNTRUSTED,
+        "address": address,
+        "limit_address": address if limited else None,
+        "worker_limit_per_address": settings.WORKER_LIMIT_PER_ADDRESS,
+        "may_create": False,
+    }
+    account, worker = _checked_in(params)
+    if worker is None:
+        # A new name: created in a second try, under the account's lock and its address's, so
+        # that concurrent first pops are counted one after another (a known name pays nothing).
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                address_lock = f"workers-address:{address}" if limited and not account.trusted else None
+                cursor.execute(sql.lock_new_name(), {"account_id": account.pk, "address_lock": address_lock})
+            account, worker = _checked_in({**params, "may_create": True})
     # No worker: a new name past the account's limit or its address's, or another account
     # created the name in the same instant.
     if worker is None:
@@ -169,6 +170,19 @@ def check_in_worker(
         refuse_new_worker_by_mode(worker)
     worker.account = account
     return worker
+
+
+def _checked_in(params: dict[str, Any]) -> tuple[Account, Worker | None]:
+    """The check-in's account and worker, the account refused if it is unknown, suspended or
+    anonymous."""
+    found = fetch_instances(sql.check_in(), params, (Account, None), (Worker, None))
+    if found is None:
+        raise errors.InvalidAPIKey()
+    account, worker = found
+    refuse_suspended(account)
+    if account.is_anonymous:
+        raise errors.AnonForbiddenWorker()
+    return account, worker
 
 
 def is_limited_address(address: str) -> bool:
@@ -209,7 +223,12 @@ def time_out_address(
 ) -> AddressTimeout:
     """Put an address or a network into timeout until `until` (a timeout it has already is
     replaced), and have every web process refuse it within a second (`hordeops.timeouts`)."""
-    name = _timeout_name(network)
+    try:
+        name = timeouts.shown(timeouts.network_to_time_out(network))
+    except timeouts.RefusedNetwork as refused:
+        raise errors.BadRequest(str(refused)) from None
+    except ValueError:
+        raise errors.BadRequest("Invalid IP Address") from None
     with transaction.atomic():
         row, _ = AddressTimeout.objects.update_or_create(
             network=name,
@@ -223,14 +242,19 @@ def time_out_address(
 def lift_address_timeouts(*, networks: list[str], by: str, now: datetime) -> int:
     """End the timeouts of these addresses or networks (as `time_out_address` names them)."""
     names = [_timeout_name(network) for network in networks]
-    lifted, _ = AddressTimeout.objects.filter(network__in=names).delete()
+    # By what each row holds, not its name: a row named before single IPv6 addresses were held
+    # as their /64 (`2001:db8::1`) is lifted by any address of that /64.
+    held = {timeouts.network(name) for name in names}
+    rows = [row.pk for row in AddressTimeout.objects.all() if timeouts.network(row.network) in held]
+    lifted, _ = AddressTimeout.objects.filter(pk__in=rows).delete()
     publish_address_timeouts(now=now)
     logger.info("timeouts of %s lifted by %s", ", ".join(names), by)
     return lifted
 
 
 def _timeout_name(network: str) -> str:
-    """An address or network as its timeout is named (`AddressTimeout.network`), or 400."""
+    """An address or network as its timeout is named (`AddressTimeout.network`), or 400; its
+    bounds are not checked here (a timeout set before them may still be lifted)."""
     try:
         return timeouts.shown(timeouts.network(network))
     except ValueError:

@@ -50,9 +50,10 @@ def check_in() -> str:
     worker row as it stands; `written` the upsert, tried unless the caller is anonymous or the
     row is the caller's, its last pop fresh, no goodbye since (`left_at`, which the upsert
     clears: the pop brings it back online) and its declarations unchanged, or the caller is
-    suspended (its workers are not kept online by pops it is refused); a new name only
-    while the caller runs fewer workers than it may (`Account.workers_allowed`) and, for an
-    untrusted caller, its address has room (`_ADDRESS_ROOM`). An upsert on
+    suspended (its workers are not kept online by pops it is refused); a new name only when
+    `may_create` (after `lock_new_name`, in its transaction) and while the caller runs fewer
+    workers than it may (`Account.workers_allowed`) and, for an untrusted caller, its address
+    has room (`_ADDRESS_ROOM`). An upsert on
     another account's name writes nothing (its WHERE), and the row returned is then that
     account's. Authenticating here saves the pop a round trip of its own. Columns left out of
     the INSERT take their database defaults (the models' `db_default`).
@@ -70,7 +71,7 @@ def check_in() -> str:
         SELECT gen_random_uuid(), %(name)s, caller.id, {_DECLARED_NOW}, %(address)s::varchar, %(now)s, %(now)s
         FROM caller
         WHERE caller.api_key_hash <> '{ANONYMOUS_API_KEY_HASH}' AND caller.suspended_at IS NULL
-          AND (EXISTS (SELECT FROM current) OR ((
+          AND (EXISTS (SELECT FROM current) OR (%(may_create)s::boolean AND (
               SELECT count(*) FROM {worker} AS mine
               WHERE mine.account_id = caller.id AND mine.deleted_at IS NULL
           ) < {_WORKERS_ALLOWED} AND {_ADDRESS_ROOM.format(worker=worker, account=Account._meta.db_table)}))
@@ -96,6 +97,22 @@ def check_in() -> str:
     )
     SELECT {columns(Account, "caller")}, {columns(Worker, "worker")} FROM caller LEFT JOIN worker ON true
 """
+
+
+@cache
+def lock_new_name() -> str:
+    """Lock the caller's account row (`account_id`) and, unless `address_lock` is NULL (the
+    function is strict: no lock), a transaction-scoped advisory lock on its address.
+
+    Taken before a new name's check-in, in its transaction: a statement counts from the
+    snapshot it starts with, so concurrent first pops each counted the others' workers out and
+    all passed the limits. Under these locks the check-in that follows counts every worker
+    created before it. A known name's pop never takes them.
+    """
+    return (
+        "SELECT pg_advisory_xact_lock(hashtextextended(%(address_lock)s, 0)) "
+        f"FROM {Account._meta.db_table} WHERE id = %(account_id)s FOR UPDATE"
+    )
 
 
 @cache

@@ -1,6 +1,7 @@
 """Address and network timeouts: set by moderators (the admin, `/api/v2/operations/ipaddr`),
 refused with 403 TimeoutIP on every API route, checked from Redis."""
 
+import ipaddress
 import json
 from datetime import datetime, timedelta
 
@@ -180,3 +181,129 @@ def test_a_timeout_set_while_redis_is_unreachable_is_kept_and_published_once_it_
     assert caller.request_text().status_code == 202  # not yet in Redis
     assert publish_address_timeouts_task() == 1
     assert caller.request_text().json()["rc"] == "TimeoutIP"
+
+
+def test_a_single_ipv6_addresss_timeout_holds_its_whole_64_as_the_limits_count_it(
+    clock, mod_key, make_caller
+):
+    assert _time_out(mod_key, "2001:db8:1:2::5").status_code == 200
+    assert _from(make_caller(), "2001:db8:1:2::5").request_text().json()["rc"] == "TimeoutIP"
+    # The next address of the /64 is the same subscriber: held too; the next /64 is not.
+    assert _from(make_caller(), "2001:db8:1:2:ffff::9").request_text().json()["rc"] == "TimeoutIP"
+    assert _from(make_caller(), "2001:db8:1:3::5").request_text().status_code == 202
+    listed = mod_key.client.get(OPERATIONS, HTTP_APIKEY=mod_key.api_key).json()
+    assert [t["ipaddr"] for t in listed] == ["2001:db8:1:2::/64"]
+    # Any address of the /64 names it, to look it up or to lift it.
+    holding = mod_key.client.get(f"{OPERATIONS}/2001:db8:1:2::77", HTTP_APIKEY=mod_key.api_key).json()
+    assert [t["ipaddr"] for t in holding] == ["2001:db8:1:2::/64"]
+    mod_key.client.delete(
+        OPERATIONS, {"ipaddr": "2001:db8:1:2::9"}, format="json", HTTP_APIKEY=mod_key.api_key
+    )
+    assert not AddressTimeout.objects.exists()
+
+
+def test_a_timeout_row_named_by_a_single_ipv6_address_holds_its_64_and_any_address_of_it_lifts_it(
+    clock, mod_key, make_caller
+):
+    # As a row made before single IPv6 addresses were held as their /64 is named.
+    AddressTimeout.objects.create(
+        network="2001:db8:7::1", until=datetime.fromisoformat(T0) + timedelta(hours=1)
+    )
+    publish_address_timeouts_task()
+    assert _from(make_caller(), "2001:db8:7::2").request_text().json()["rc"] == "TimeoutIP"
+    mod_key.client.delete(OPERATIONS, {"ipaddr": "2001:db8:7::3"}, format="json", HTTP_APIKEY=mod_key.api_key)
+    assert not AddressTimeout.objects.exists()
+
+
+def _behind_proxy(caller, forwarded_for: str):
+    caller.client = APIClient(REMOTE_ADDR="10.9.9.9", HTTP_X_FORWARDED_FOR=forwarded_for)
+    return caller
+
+
+def test_a_forwarded_address_with_a_port_or_brackets_is_held_by_its_timeout_and_an_unreadable_one_is_a_400(
+    clock, settings, mod_key, make_caller
+):
+    settings.TRUSTED_PROXIES = (ipaddress.ip_network("10.9.9.0/24"),)
+    _time_out(mod_key, "203.0.113.7")
+    _time_out(mod_key, "2001:db8:9::1")
+    for forwarded in (
+        "203.0.113.7:5678",
+        "[2001:db8:9::1]:443",
+        "[2001:db8:9::2]",
+        "198.51.100.1, 203.0.113.7:1",
+    ):
+        answer = _behind_proxy(make_caller(), forwarded).request_text()
+        assert (answer.status_code, answer.json()["rc"]) == (403, "TimeoutIP"), forwarded
+    assert _behind_proxy(make_caller(), "198.51.100.1:80").request_text().status_code == 202
+
+    for forwarded in ("unknown", "203.0.113.7:http", "[203.0.113.7]:1", "2001:db8:9::1:443:1x", "_hidden"):
+        caller = _behind_proxy(make_caller(), forwarded)
+        refused = caller.request_text()
+        assert (refused.status_code, refused.json()["rc"]) == (400, "BadRequest"), forwarded
+        assert "client address could not be read" in refused.json()["message"]
+    assert caller.pop("w").status_code == 400
+    chat = caller.post(
+        "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert chat.status_code == 400 and "error" in json.loads(chat.content)
+    assert caller.client.get("/api/v2/status/heartbeat").status_code == 200
+
+
+REFUSED_NETWORKS = (
+    ("0.0.0.0/0", "at most a /8"),
+    ("128.0.0.0/1", "at most a /8"),
+    ("10.0.0.0/7", "at most a /8"),
+    ("2000::/3", "at most a /32"),
+    ("2001:db8::/31", "at most a /32"),
+    ("127.0.0.1", "loopback"),
+    ("126.0.0.0/8", None),  # allowed: the bound itself, and no loopback in it
+    ("127.0.0.0/8", "loopback"),
+    ("0:0:0:0::1", "loopback"),  # ::1, long enough for the route (7 characters at least)
+    ("::ffff:127.0.0.1", "loopback"),
+    ("10.9.0.0/16", "TRUSTED_PROXIES"),
+    ("10.9.9.9", "TRUSTED_PROXIES"),
+    ("2001:db8:f::/48", "TRUSTED_PROXIES"),
+)
+
+
+@pytest.mark.parametrize("ipaddr, why", REFUSED_NETWORKS)
+def test_the_route_refuses_a_timeout_of_too_wide_a_network_loopback_or_the_hordes_proxies(
+    clock, settings, mod_key, ipaddr, why
+):
+    settings.TRUSTED_PROXIES = (
+        ipaddress.ip_network("10.9.9.0/24"),
+        ipaddress.ip_network("2001:db8:f:1::/64"),
+    )
+    answer = _time_out(mod_key, ipaddr)
+    if why is None:
+        assert answer.status_code == 200
+        return
+    assert (answer.status_code, answer.json()["rc"]) == (400, "BadRequest"), ipaddr
+    assert why in answer.json()["message"]
+    assert not AddressTimeout.objects.exists()
+
+
+@pytest.mark.parametrize("network, why", REFUSED_NETWORKS)
+def test_the_admin_refuses_a_timeout_of_too_wide_a_network_loopback_or_the_hordes_proxies(
+    clock, settings, moderator, network, why
+):
+    settings.TRUSTED_PROXIES = (
+        ipaddress.ip_network("10.9.9.0/24"),
+        ipaddress.ip_network("2001:db8:f:1::/64"),
+    )
+    added = moderator.post("/admin/workers/addresstimeout/add/", {"network": network, "hours": "6"})
+    if why is None:
+        assert added.status_code == 302
+        return
+    assert added.status_code == 200
+    assert why in added.content.decode()
+    assert not AddressTimeout.objects.exists()
+
+
+def test_a_timeout_set_before_the_bounds_may_still_be_lifted(clock, mod_key):
+    AddressTimeout.objects.create(network="0.0.0.0/0", until=datetime.fromisoformat(T0) + timedelta(hours=1))
+    lifted = mod_key.client.delete(
+        OPERATIONS, {"ipaddr": "0.0.0.0/0"}, format="json", HTTP_APIKEY=mod_key.api_key
+    )
+    assert lifted.json() == {"message": "OK"}
+    assert not AddressTimeout.objects.exists()
