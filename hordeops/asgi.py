@@ -1,5 +1,6 @@
 import asyncio
 import functools
+import logging
 import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,8 @@ from hordeops import clock, errors
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
+
+logger = logging.getLogger(__name__)
 
 if not settings.DEBUG and not settings.ALLOWED_HOSTS:
     # Every request would be a 400 (DisallowedHost): say why at the start instead.
@@ -123,6 +126,38 @@ class HordeASGIHandler(ASGIHandler):
         body_file.seek(0)
         return body_file
 
+    async def send_response(self, response, send):
+        """Django's, with a stream ended when its requester stops reading (Django would wait).
+
+        A send that the server cannot complete within STREAM_SEND_TIMEOUT_SECONDS (uvicorn
+        waits while its transport's buffer is full), or a follower past STREAM_QUEUE_MAX_BYTES
+        (StreamStalled from the stream itself), ends the stream as a disconnect does: Django
+        closes its iterator, and `Exchange._follow` cancels the request. The connection is
+        aborted, as closing it would wait for the peer to take the buffered bytes first.
+        """
+        if not response.streaming:
+            await super().send_response(response, send)
+            return
+        timeout = settings.STREAM_SEND_TIMEOUT_SECONDS
+
+        async def send_within(message) -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await send(message)
+            except TimeoutError:
+                logger.warning("a stream's requester took none of it for %s s; the stream ends", timeout)
+                raise errors.StreamStalled() from None
+
+        try:
+            await super().send_response(response, send_within)
+        except errors.StreamStalled:
+            _abort_connection(send)
+            # Its generators hold each other (the view's exchange), so nothing closes them
+            # until a full garbage collection: closed now, the request is cancelled now.
+            stream = getattr(response, "_iterator", None)
+            if hasattr(stream, "aclose"):
+                await stream.aclose()
+
     async def _handle_sync(self, scope, receive, send) -> None:
         try:
             body_file = await self.read_body(receive)
@@ -168,6 +203,14 @@ def _sync_handler(middleware: list[str]) -> BaseHandler:
     finally:
         settings.MIDDLEWARE = configured
     return handler
+
+
+def _abort_connection(send) -> None:
+    """Drop the connection at once (uvicorn's `send` is its request cycle's, which holds the
+    transport); under another server the stream just ends and the server closes it."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is not None:
+        transport.abort()
 
 
 class BodyRefused(Exception):
