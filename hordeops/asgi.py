@@ -16,7 +16,7 @@ from django.core.handlers.base import BaseHandler
 from django.http import Http404, HttpResponseBase
 from django.urls import Resolver404, get_resolver, reverse, set_script_prefix
 
-from hordeops import clock, errors
+from hordeops import clock, errors, streams
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
@@ -131,22 +131,32 @@ class HordeASGIHandler(ASGIHandler):
 
         A send that the server cannot complete within STREAM_SEND_TIMEOUT_SECONDS (uvicorn
         waits while its transport's buffer is full), or a follower past STREAM_QUEUE_MAX_BYTES
-        (StreamStalled from the stream itself), ends the stream as a disconnect does: Django
-        closes its iterator, and `Exchange._follow` cancels the request. The connection is
-        aborted, as closing it would wait for the peer to take the buffered bytes first.
+        (StreamStalled from the stream, or its `Stall` waking a blocked send), ends the stream
+        as a disconnect does: its iterator is closed, and `Exchange._follow` cancels the
+        request. The connection is aborted: closing it would wait for the peer to read first.
         """
         if not response.streaming:
             await super().send_response(response, send)
             return
         timeout = settings.STREAM_SEND_TIMEOUT_SECONDS
+        stall = getattr(response, "stall", None) or streams.Stall()
+        stall.task = asyncio.current_task()
 
         async def send_within(message) -> None:
+            stall.sending = True
             try:
                 async with asyncio.timeout(timeout):
                     await send(message)
             except TimeoutError:
                 logger.warning("a stream's requester took none of it for %s s; the stream ends", timeout)
                 raise errors.StreamStalled() from None
+            except asyncio.CancelledError:
+                if not stall.stalled:
+                    raise  # the requester left, or the server stops
+                asyncio.current_task().uncancel()  # woken by its follower (Stall.stall)
+                raise errors.StreamStalled() from None
+            finally:
+                stall.sending = False
 
         try:
             await super().send_response(response, send_within)

@@ -26,7 +26,7 @@ import json
 import logging
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -196,6 +196,7 @@ class _Follower:
         self.queued_bytes = 0
         self.max_bytes = settings.STREAM_QUEUE_MAX_BYTES
         self.stalled = False
+        self.on_stall: Callable[[], None] | None = None  # told once the bound is passed
 
     def deliver(self, event: Event, size: int) -> None:
         if self.stalled:
@@ -215,6 +216,8 @@ class _Follower:
             self.queue.get_nowait()
         self.queued_bytes = 0
         self.queue.put_nowait(errors.StreamStalled())
+        if self.on_stall is not None:
+            self.on_stall()
 
     def taken(self, size: int) -> None:
         self.queued_bytes -= size
@@ -440,18 +443,20 @@ def _hub() -> _Hub:
     return hub
 
 
-async def events(request_id: UUID) -> AsyncIterator[Event]:
+async def events(request_id: UUID, on_stall: Callable[[], None] | None = None) -> AsyncIterator[Event]:
     """Yield the request's relay events from the beginning, then live ones as they come.
 
     The caller stops iterating when it has what it needs; a cancelled task (a client that
     went away) leaves the hub on the way out. A lost Redis connection raises RedisError, a
-    lost database DatabaseLost.
+    lost database DatabaseLost, a requester too far behind StreamStalled (`on_stall` is
+    called as the bound is passed, before the caller reads it).
     """
     if _stopping:
         raise errors.ServerStopping()
     hub = _hub()
     key = relay_key(request_id)
     follower = await hub.follow(key)
+    follower.on_stall = on_stall
     try:
         last = (0, 0)
         for event in await hub.read(key, followed=followed_key(request_id)):

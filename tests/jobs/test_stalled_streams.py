@@ -2,26 +2,39 @@
 
 A real uvicorn process streams to a raw socket that never reads: its receive buffer and its
 segment size are made tiny before it connects, so that the server's socket fills after about
-100 KB, as it would for a reader on a slow or stuck link. The worker keeps posting deltas.
+100 KB (Linux sizes a send buffer by segments), as it would for a reader on a stuck link.
+The worker keeps posting deltas until it is told GenerationCancelled.
 """
 
 import json
 import socket
 import time
+from dataclasses import dataclass
 
 import httpx
 import pytest
 
 from jobs.models import Ending, Generation, TextRequest
-from tests.live import ChatWorker
+from tests.live import ChatWorker, LiveStack
 
 MODEL = "koboldcpp/stalled-test-8B"
-SEND_TIMEOUT_SECONDS = 2
-QUEUE_MAX_BYTES = 65536
-# 100 UTF-8 bytes a delta, 300 once JSON-escaped: the server's buffers fill within the request's
-# output bound (max_tokens x 16 bytes).
+# 100 UTF-8 bytes a delta, 300 once JSON-escaped: the server's buffers fill well within the
+# request's output bound (16,000 tokens x 16 bytes).
 DELTA = "🦄" * 25
+SHORT_TIMEOUT_SECONDS = 2
+SMALL_QUEUE_BYTES = 65536
 MARGIN_SECONDS = 10
+TIMED_OUT = "a stream's requester took none of it for"
+QUEUE_FULL = "bytes queued for a requester that does not read"
+
+
+@dataclass
+class Stalled:
+    answer: httpx.Response
+    posted: int
+    seconds: float
+    text_request: TextRequest
+    log: str
 
 
 def _stalled_requester(url: str, api_key: str) -> socket.socket:
@@ -29,17 +42,15 @@ def _stalled_requester(url: str, api_key: str) -> socket.socket:
     address = httpx.URL(url)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    # A small segment size keeps the server's send buffer small (Linux sizes it by segments).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
     sock.connect((address.host, address.port))
-    body = json.dumps(
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "Hi."}],
-            "stream": True,
-            "max_tokens": 16000,
-        }
-    ).encode()
+    call = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi."}],
+        "stream": True,
+        "max_tokens": 16000,
+    }
+    body = json.dumps(call).encode()
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: {address.host}\r\n"
         f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
@@ -49,11 +60,8 @@ def _stalled_requester(url: str, api_key: str) -> socket.socket:
     return sock
 
 
-@pytest.mark.parametrize("live_stack", [1], indirect=True)
-@pytest.mark.live_env(
-    STREAM_SEND_TIMEOUT_SECONDS=str(SEND_TIMEOUT_SECONDS), STREAM_QUEUE_MAX_BYTES=str(QUEUE_MAX_BYTES)
-)
-def test_a_stream_whose_requester_never_reads_is_cancelled_and_its_worker_told(live_stack, make_caller):
+def _stream_to_a_requester_that_never_reads(live_stack: LiveStack, make_caller, within: float) -> Stalled:
+    """Post deltas until the worker is told something other than 200, or `within` seconds pass."""
     (url,) = live_stack.urls
     requester, owner = make_caller("stalled-requester"), make_caller("stalled-owner")
     worker = ChatWorker(url, owner.api_key, name="stalled-worker", model=MODEL)
@@ -63,27 +71,56 @@ def test_a_stream_whose_requester_never_reads_is_cancelled_and_its_worker_told(l
         worker.pop_job()
         started = time.monotonic()
         posted = 0
-        while time.monotonic() - started < SEND_TIMEOUT_SECONDS + MARGIN_SECONDS:
+        while time.monotonic() - started < within:
             answer = worker.progress(DELTA)
             if answer.status_code != 200:
                 break
             posted += 1
-        elapsed = time.monotonic() - started
-        assert answer.status_code == 409 and answer.json()["rc"] == "GenerationCancelled", (
-            f"{posted} deltas in {elapsed:.1f} s, then {answer.status_code} {answer.text}"
-        )
+        seconds = time.monotonic() - started
         text_request = Generation.objects.get(pk=worker.id).request
-        assert text_request.state == TextRequest.State.CANCELLED
-        assert text_request.ending == Ending.CANCELLED
-        server = live_stack.servers[0]
-        server.log.flush()
-        server.log.seek(0)
-        output = server.log.read()  # all of it: output() keeps only its tail
-        # Whichever comes first ends it: the queue's bound (memory) or the send's timeout.
-        stalled = "bytes queued for a requester that does not read" in output
-        timed_out = f"took none of it for {float(SEND_TIMEOUT_SECONDS)} s" in output
-        assert stalled or timed_out, output[-3000:]
     finally:
         sock.close()
         worker.close()
+    server = live_stack.servers[0]
+    server.log.flush()
+    server.log.seek(0)
+    # All of it: output() keeps only its tail, and every progress post logs a line.
+    return Stalled(answer, posted, seconds, text_request, server.log.read())
+
+
+def _assert_cancelled_and_worker_told(stalled: Stalled) -> None:
+    answer = stalled.answer
+    assert answer.status_code == 409 and answer.json()["rc"] == "GenerationCancelled", (
+        f"{stalled.posted} deltas in {stalled.seconds:.1f} s, then {answer.status_code} {answer.text}"
+    )
+    stalled.text_request.refresh_from_db()
+    assert stalled.text_request.state == TextRequest.State.CANCELLED
+    assert stalled.text_request.ending == Ending.CANCELLED  # the requester's side: it stopped reading
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+@pytest.mark.live_env(
+    STREAM_SEND_TIMEOUT_SECONDS=str(SHORT_TIMEOUT_SECONDS), STREAM_QUEUE_MAX_BYTES=str(1024 * 1024 * 1024)
+)
+def test_a_stream_whose_requester_takes_nothing_for_the_send_timeout_is_cancelled(live_stack, make_caller):
+    stalled = _stream_to_a_requester_that_never_reads(
+        live_stack, make_caller, within=SHORT_TIMEOUT_SECONDS + MARGIN_SECONDS
+    )
+    _assert_cancelled_and_worker_told(stalled)
+    assert TIMED_OUT in stalled.log and QUEUE_FULL not in stalled.log, stalled.log[-3000:]
+    live_stack.assert_alive()
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+@pytest.mark.live_env(STREAM_SEND_TIMEOUT_SECONDS="600", STREAM_QUEUE_MAX_BYTES=str(SMALL_QUEUE_BYTES))
+def test_a_stream_whose_queue_passes_its_bound_is_cancelled_long_before_the_send_timeout(
+    live_stack, make_caller
+):
+    stalled = _stream_to_a_requester_that_never_reads(live_stack, make_caller, within=MARGIN_SECONDS)
+    _assert_cancelled_and_worker_told(stalled)
+    assert QUEUE_FULL in stalled.log and TIMED_OUT not in stalled.log, stalled.log[-3000:]
+    # What the web process held for it: no more than the bound and one event.
+    (line,) = [line for line in stalled.log.splitlines() if QUEUE_FULL in line]
+    held = int(line.split(": ")[-1].split()[0])
+    assert SMALL_QUEUE_BYTES < held <= SMALL_QUEUE_BYTES + 2048, line
     live_stack.assert_alive()
