@@ -2,6 +2,8 @@ import asyncio
 import functools
 import logging
 import os
+import socket
+import struct
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -216,11 +218,17 @@ def _sync_handler(middleware: list[str]) -> BaseHandler:
 
 
 def _abort_connection(send) -> None:
-    """Drop the connection at once (uvicorn's `send` is its request cycle's, which holds the
+    """Reset the connection at once (uvicorn's `send` is its request cycle's, which holds the
     transport); under another server the stream just ends and the server closes it."""
     transport = getattr(getattr(send, "__self__", None), "transport", None)
-    if transport is not None:
-        transport.abort()
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        # A zero linger makes the close a reset: uvloop's abort() is a plain close, which
+        # leaves the kernel holding the unread bytes while the peer's window stays shut.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class BodyRefused(Exception):

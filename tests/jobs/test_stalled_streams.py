@@ -10,6 +10,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,6 +36,7 @@ class Stalled:
     seconds: float
     text_request: TextRequest
     log: str
+    server_holds_connection: bool
 
 
 def _stalled_requester(url: str, api_key: str) -> socket.socket:
@@ -78,6 +80,7 @@ def _stream_to_a_requester_that_never_reads(live_stack: LiveStack, make_caller, 
             posted += 1
         seconds = time.monotonic() - started
         text_request = Generation.objects.get(pk=worker.id).request
+        holds = _server_holds(httpx.URL(url).port, sock.getsockname()[1])
     finally:
         sock.close()
         worker.close()
@@ -85,7 +88,17 @@ def _stream_to_a_requester_that_never_reads(live_stack: LiveStack, make_caller, 
     server.log.flush()
     server.log.seek(0)
     # All of it: output() keeps only its tail, and every progress post logs a line.
-    return Stalled(answer, posted, seconds, text_request, server.log.read())
+    return Stalled(answer, posted, seconds, text_request, server.log.read(), holds)
+
+
+def _server_holds(server_port: int, client_port: int) -> bool:
+    """Whether the server's end of this loopback connection is still open (FIN_WAIT1 included:
+    a closed socket with unsent bytes is kept by the kernel while the peer's window is shut)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote = line.split()[1:3]
+        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == client_port:
+            return True
+    return False
 
 
 def _assert_cancelled_and_worker_told(stalled: Stalled) -> None:
@@ -96,6 +109,7 @@ def _assert_cancelled_and_worker_told(stalled: Stalled) -> None:
     stalled.text_request.refresh_from_db()
     assert stalled.text_request.state == TextRequest.State.CANCELLED
     assert stalled.text_request.ending == Ending.CANCELLED  # the requester's side: it stopped reading
+    assert not stalled.server_holds_connection  # reset, not closed behind its unread bytes
 
 
 @pytest.mark.parametrize("live_stack", [1], indirect=True)
