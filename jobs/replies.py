@@ -77,6 +77,9 @@ class Exchange:
                 raise failure(first.ending)
         except errors.DomainError as err:
             return self.protocol.error_response(err)
+        except errors.StreamStalled:
+            # Its follower passed its bound while a database step held it: already cancelled.
+            return self.protocol.error_response(failure(Ending.CANCELLED))
         if not stream:
             await self._outputs.aclose()
             usage = Usage(self.prompt_tokens, first.tokens, first.kudos)
