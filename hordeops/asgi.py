@@ -1,6 +1,9 @@
 import asyncio
 import functools
+import logging
 import os
+import socket
+import struct
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,10 +18,12 @@ from django.core.handlers.base import BaseHandler
 from django.http import Http404, HttpResponseBase
 from django.urls import Resolver404, get_resolver, reverse, set_script_prefix
 
-from hordeops import clock, errors
+from hordeops import clock, errors, streams
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
+
+logger = logging.getLogger(__name__)
 
 if not settings.DEBUG and not settings.ALLOWED_HOSTS:
     # Every request would be a 400 (DisallowedHost): say why at the start instead.
@@ -123,6 +128,48 @@ class HordeASGIHandler(ASGIHandler):
         body_file.seek(0)
         return body_file
 
+    async def send_response(self, response, send):
+        """Django's, with a stream ended when its requester stops reading (Django would wait).
+
+        A send that the server cannot complete within STREAM_SEND_TIMEOUT_SECONDS (uvicorn
+        waits while its transport's buffer is full), or a follower past STREAM_QUEUE_MAX_BYTES
+        (StreamStalled from the stream, or its `Stall` waking a blocked send), ends the stream
+        as a disconnect does: its iterator is closed, and `Exchange._follow` cancels the
+        request. The connection is aborted: closing it would wait for the peer to read first.
+        """
+        if not response.streaming:
+            await super().send_response(response, send)
+            return
+        timeout = settings.STREAM_SEND_TIMEOUT_SECONDS
+        stall = getattr(response, "stall", None) or streams.Stall()
+        stall.task = asyncio.current_task()
+
+        async def send_within(message) -> None:
+            stall.sending = True
+            try:
+                async with asyncio.timeout(timeout):
+                    await send(message)
+            except TimeoutError:
+                logger.warning("a stream's requester took none of it for %s s; the stream ends", timeout)
+                raise errors.StreamStalled() from None
+            except asyncio.CancelledError:
+                if not stall.stalled:
+                    raise  # the requester left, or the server stops
+                asyncio.current_task().uncancel()  # woken by its follower (Stall.stall)
+                raise errors.StreamStalled() from None
+            finally:
+                stall.sending = False
+
+        try:
+            await super().send_response(response, send_within)
+        except errors.StreamStalled:
+            _abort_connection(send)
+            # Its generators hold each other (the view's exchange), so nothing closes them
+            # until a full garbage collection: closed now, the request is cancelled now.
+            stream = getattr(response, "_iterator", None)
+            if hasattr(stream, "aclose"):
+                await stream.aclose()
+
     async def _handle_sync(self, scope, receive, send) -> None:
         try:
             body_file = await self.read_body(receive)
@@ -168,6 +215,20 @@ def _sync_handler(middleware: list[str]) -> BaseHandler:
     finally:
         settings.MIDDLEWARE = configured
     return handler
+
+
+def _abort_connection(send) -> None:
+    """Reset the connection at once (uvicorn's `send` is its request cycle's, which holds the
+    transport); under another server the stream just ends and the server closes it."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        # A zero linger makes the close a reset: uvloop's abort() is a plain close, which
+        # leaves the kernel holding the unread bytes while the peer's window stays shut.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class BodyRefused(Exception):

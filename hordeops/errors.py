@@ -256,6 +256,11 @@ class ServiceUnavailable(DomainError):
     default_message = "The horde cannot reach its database or Redis right now."
 
 
+class StreamStalled(Exception):
+    """A chat stream's requester stopped taking its events (STREAM_SEND_TIMEOUT_SECONDS,
+    STREAM_QUEUE_MAX_BYTES): the stream ends as if it had left, with nothing more sent."""
+
+
 class ServerStopping(ServiceUnavailable):
     """The web process serving a chat request is stopping (a deploy or a restart)."""
 

@@ -357,6 +357,11 @@ REQUEST_BODY_SECONDS = env_int("REQUEST_BODY_SECONDS", 30)
 # byte, and at most this large (bin/web: hordeops/web_protocol.py), else 408 or 431 and closed.
 REQUEST_HEAD_SECONDS = env_float("REQUEST_HEAD_SECONDS", 10.0)
 REQUEST_HEAD_MAX_BYTES = env_int("REQUEST_HEAD_MAX_BYTES", 32 * 1024)
+# A chat stream whose requester takes none of its bytes for this long, or whose undelivered
+# events pass this many bytes in the web process, ends and its request is cancelled (jobs/relay.py,
+# hordeops/asgi.py): a requester that stops reading cannot hold a socket and memory past its job.
+STREAM_SEND_TIMEOUT_SECONDS = env_float("STREAM_SEND_TIMEOUT_SECONDS", 30.0)
+STREAM_QUEUE_MAX_BYTES = env_int("STREAM_QUEUE_MAX_BYTES", 1024 * 1024)
 # Connections one web process holds at most (open streams included); the next is 503 and closed.
 WEB_MAX_CONNECTIONS = env_int("WEB_MAX_CONNECTIONS", 10000)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES

@@ -5,7 +5,7 @@ it commits the response to the first generation that delivers useful output (tex
 only white space); from then on only that generation's output is relayed.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -37,11 +37,11 @@ class Follower:
     PREFLIGHT_EVENTS = 32
     PREFLIGHT_BYTES = 65536
 
-    def __init__(self, request_id: UUID, *, stream: bool) -> None:
+    def __init__(self, request_id: UUID, *, stream: bool, on_stall: Callable[[], None] | None = None) -> None:
         self.request_id = request_id
         self.stream = stream
         self.generation: str | None = None  # the generation the stream is committed to
-        self._events: AsyncIterator[relay.Event] = relay.events(request_id)
+        self._events: AsyncIterator[relay.Event] = relay.events(request_id, on_stall)
         self._held: dict[str, list[str]] = {}  # white space read in preflight, per generation
 
     async def next_output(self) -> Output:

@@ -23,9 +23,10 @@ stops (`stop_following`) fails its followers first, so that each stream gets its
 import asyncio
 import hashlib
 import json
+import logging
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -36,6 +37,8 @@ from django.conf import settings
 from django_redis import get_redis_connection
 
 from hordeops import dbprobe, errors
+
+logger = logging.getLogger(__name__)
 
 # Event types besides "delta" (written by the lease script).
 DONE = "done"  # the generation was submitted: text is the whole reply
@@ -172,13 +175,52 @@ def publish_many(events: list[tuple[UUID, str, str, dict[str, str]]]) -> None:
         send()
 
 
+# What one queued event holds in a web process besides its published bytes (measured: 0.9 KB
+# for a one-byte delta), so that many small deltas count against STREAM_QUEUE_MAX_BYTES too.
+EVENT_OVERHEAD_BYTES = 1024
+
+
 class _Follower:
-    """One requester's place in the hub: the live events of its channel, in order."""
+    """One requester's place in the hub: the live events of its channel, in order.
+
+    The events its requester has not taken yet are bounded by STREAM_QUEUE_MAX_BYTES: past it
+    they are dropped and the follower ends with StreamStalled, as a reader that far behind
+    (or not reading at all) would only grow the web process's memory.
+    """
 
     def __init__(self, channel: str) -> None:
         self.channel = channel
-        # An error ends the follower: Redis's, or DatabaseLost when the database went.
-        self.queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
+        # (counted bytes, event); an error ends the follower: Redis's, DatabaseLost when the
+        # database went, StreamStalled past the bound.
+        self.queue: asyncio.Queue[tuple[int, Event] | Exception] = asyncio.Queue()
+        self.queued_bytes = 0
+        self.max_bytes = settings.STREAM_QUEUE_MAX_BYTES
+        self.stalled = False
+        self.on_stall: Callable[[], None] | None = None  # told once the bound is passed
+
+    def deliver(self, event: Event, size: int) -> None:
+        if self.stalled:
+            return
+        size += EVENT_OVERHEAD_BYTES
+        self.queued_bytes += size
+        if self.queued_bytes <= self.max_bytes:
+            self.queue.put_nowait((size, event))
+            return
+        self.stalled = True
+        logger.warning(
+            "stream %s: %d bytes queued for a requester that does not read; the stream ends",
+            self.channel,
+            self.queued_bytes,
+        )
+        while not self.queue.empty():  # nothing of it will be sent: its memory goes now
+            self.queue.get_nowait()
+        self.queued_bytes = 0
+        self.queue.put_nowait(errors.StreamStalled())
+        if self.on_stall is not None:
+            self.on_stall()
+
+    def taken(self, size: int) -> None:
+        self.queued_bytes -= size
 
 
 class _BlockingSentinelPool(
@@ -315,8 +357,9 @@ class _Hub:
                 if kind == "message":
                     entry_id, flat = json.loads(message["data"])
                     event = Event.from_entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+                    size = len(message["data"])
                     for follower in self._followers.get(channel, ()):
-                        follower.queue.put_nowait(event)
+                        follower.deliver(event, size)
                 elif kind == "subscribe":
                     waiting = self._confirmations.get(channel)
                     if waiting:
@@ -400,18 +443,20 @@ def _hub() -> _Hub:
     return hub
 
 
-async def events(request_id: UUID) -> AsyncIterator[Event]:
+async def events(request_id: UUID, on_stall: Callable[[], None] | None = None) -> AsyncIterator[Event]:
     """Yield the request's relay events from the beginning, then live ones as they come.
 
     The caller stops iterating when it has what it needs; a cancelled task (a client that
     went away) leaves the hub on the way out. A lost Redis connection raises RedisError, a
-    lost database DatabaseLost.
+    lost database DatabaseLost, a requester too far behind StreamStalled (`on_stall` is
+    called as the bound is passed, before the caller reads it).
     """
     if _stopping:
         raise errors.ServerStopping()
     hub = _hub()
     key = relay_key(request_id)
     follower = await hub.follow(key)
+    follower.on_stall = on_stall
     try:
         last = (0, 0)
         for event in await hub.read(key, followed=followed_key(request_id)):
@@ -421,6 +466,8 @@ async def events(request_id: UUID) -> AsyncIterator[Event]:
             item = await follower.queue.get()
             if isinstance(item, Exception):
                 raise item
+            size, item = item
+            follower.taken(size)
             if _order(item.id) <= last:
                 continue  # read with the backlog already
             last = _order(item.id)

@@ -16,7 +16,7 @@ from typing import TypeVar
 import redis.exceptions
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
-from hordeops import errors
+from hordeops import errors, streams
 from jobs import cancellations, services
 from jobs.deadlines import Budget
 from jobs.follower import Follower, Output
@@ -65,7 +65,8 @@ class Exchange:
         self.reply = Reply(
             id=protocol.reply_id(str(text_request.id)), model=call.model, prompt_tokens=self.prompt_tokens
         )
-        self._outputs = self._follow(Follower(text_request.id, stream=call.stream))
+        self.stall = streams.Stall()
+        self._outputs = self._follow(Follower(text_request.id, stream=call.stream, on_stall=self.stall.stall))
 
     async def answer(self, stream: bool) -> HttpResponse:
         """Wait for the first output, then answer whole or as a stream. A failure before
@@ -76,6 +77,9 @@ class Exchange:
                 raise failure(first.ending)
         except errors.DomainError as err:
             return self.protocol.error_response(err)
+        except errors.StreamStalled:
+            # Its follower passed its bound while a database step held it: already cancelled.
+            return self.protocol.error_response(failure(Ending.CANCELLED))
         if not stream:
             await self._outputs.aclose()
             usage = Usage(self.prompt_tokens, first.tokens, first.kudos)
@@ -83,6 +87,7 @@ class Exchange:
         response = StreamingHttpResponse(self._events(first), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
+        response.stall = self.stall  # hordeops/asgi.py wakes a blocked send with it
         return response
 
     async def _follow(self, follower: Follower) -> AsyncIterator[Output]:

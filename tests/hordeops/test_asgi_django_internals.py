@@ -12,7 +12,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler, StaticFi
 from django.core.handlers import asgi as django_asgi
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
-from django.http import HttpResponseBase
+from django.http import HttpResponseBase, StreamingHttpResponse
 
 
 def _parameters(function) -> list[str]:
@@ -48,3 +48,13 @@ def test_the_static_handler_still_serves_through_serve_and_turns_http404_into_a_
     assert _parameters(ASGIStaticFilesHandler.serve) == ["self", "request"]
     source = inspect.getsource(StaticFilesHandlerMixin.get_response_async)
     assert "self.serve" in source and "except Http404" in source
+
+
+def test_a_streaming_response_keeps_its_async_generator_where_a_stalled_stream_closes_it():
+    # HordeASGIHandler.send_response closes `_iterator` at once: the view's generators hold each
+    # other, so only a full garbage collection would close them (and cancel the request) otherwise.
+    async def stream():
+        yield b""
+
+    content = stream()
+    assert StreamingHttpResponse(content)._iterator is content
