@@ -1,6 +1,8 @@
 """Kudos transfers between accounts (the AI Horde's `POST /v2/kudos/transfer`): from what the
 sender can spend, once per Idempotency-Key."""
 
+import hashlib
+import re
 from datetime import timedelta
 from decimal import Decimal
 from uuid import uuid4
@@ -17,6 +19,33 @@ from workers.models import Account
 # After a transfer, the receiver may not send kudos back to its sender for this long (the AI
 # Horde's guard against two accounts passing kudos to and fro).
 REVERSE_WAIT = timedelta(seconds=60)
+
+
+# What a client may send as an Idempotency-Key: UUIDs, ULIDs, base64 and the like, short
+# enough to keep in logs. Stated in docs/reference/horde_api.md.
+IDEMPOTENCY_KEY_MAX = 128
+IDEMPOTENCY_KEY_PATTERN = rf"^[A-Za-z0-9._~+/=:-]{{1,{IDEMPOTENCY_KEY_MAX}}}$"
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+
+
+def idempotency_key(*, header: str | None) -> str | None:
+    """The Idempotency-Key header as a transfer takes it (None when absent or empty); refused
+    (400 `InvalidIdempotencyKey`) outside its characters and length, before any limit is spent."""
+    if not header:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(header):
+        message = (
+            f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} characters of letters, digits "
+            "and . _ ~ + / = : -"
+        )
+        raise _refused(message, "InvalidIdempotencyKey")
+    return header
+
+
+def _event_key(source_id: int, client_key: str) -> str:
+    """The transfer's ledger key: its kind's prefix and a hash of the client's key, so that no
+    key a client sends can name another event (a `:floor` suffix, another kind's prefix)."""
+    return f"transfer:{source_id}:{hashlib.sha256(client_key.encode()).hexdigest()}"
 
 
 def _refused(message: str, rc: str) -> errors.KudosValidationError:
@@ -63,7 +92,7 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
     if until is not None and float(until) > now.timestamp():
         message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
         raise _refused(message, "TooFastKudosTransfers")
-    key = f"transfer:{source.pk}:{idempotency_key or uuid4()}"
+    key = _event_key(source.pk, idempotency_key or str(uuid4()))
     moved = Decimal(amount)
     with transaction.atomic():
         with connection.cursor() as cursor:

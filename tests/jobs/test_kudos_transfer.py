@@ -172,3 +172,32 @@ def test_a_sender_locked_for_a_transfer_does_not_block_an_event_that_opens_its_e
         holder.close()
     assert "error" not in posted and posted["event"].posted
     assert ledger.balance(sender.account.pk, escrow=True) == Decimal("2.00")
+
+
+def test_a_key_ending_in_floor_sends_its_transfer_and_names_no_floor_event(
+    requester, owner, make_caller, clock
+):
+    give_kudos(requester, "100")
+    # A new receiver's first kudos are raised to its floor: the ledger posts a floor event too.
+    assert _send(requester, _alias(owner), 5, key="k").status_code == 200
+    assert Event.objects.filter(kind=Event.Kind.FORGIVEN).exists()
+    clock.shift(2)
+    sent = _send(requester, _alias(make_caller("third")), 5, key="k:floor")
+    assert (sent.status_code, sent.json()) == (200, {"transferred": 5})
+    assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 2
+    call_command("check_kudos")
+
+
+@pytest.mark.parametrize("key", ["a" * 129, "a" * 200, "two words", "caf\u00e9", "a\tb"])
+def test_a_key_outside_its_characters_or_length_is_refused_before_a_rate_token_is_spent(
+    requester, owner, key
+):
+    give_kudos(requester, "100")
+    refused = _send(requester, _alias(owner), 5, key=key)
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "message": "Idempotency-Key must be 1 to 128 characters of letters, digits and . _ ~ + / = : -",
+        "rc": "InvalidIdempotencyKey",
+    }
+    # The key's one transfer a second was not spent on the refusal.
+    assert _send(requester, _alias(owner), 5, key="a" * 128).status_code == 200
