@@ -53,11 +53,13 @@ def _refused(message: str, rc: str) -> errors.KudosValidationError:
 
 
 def _target(username: str) -> Account | None:
-    """The account a username names as the AI Horde reads it: by the id after its last `#`."""
+    """The account a username names as the AI Horde reads it: by the id after its last `#`;
+    None for a suspended one, which can no more receive than a deleted one (told apart by
+    nothing, so a transfer does not reveal a moderator's action)."""
     digits = username.rsplit("#", 1)[-1].strip()
     if not digits.isascii() or not digits.isdigit() or len(digits) > 18:
         return None
-    return Account.objects.filter(pk=int(digits)).first()
+    return Account.objects.filter(pk=int(digits), suspended_at__isnull=True).first()
 
 
 def _reverse_key(source_id: int, target_id: int) -> str:
@@ -68,10 +70,10 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
     """Move `amount` kudos from `source` to the account `username` names; return what moved.
 
     Refused (KudosValidationError, with the AI Horde's rc) from or to the anonymous account, to
-    oneself, for an amount not positive, back to an account that sent to `source` within a
-    minute, or past what `source` can spend (`jobs.spending`), decided under the lock on
-    `source` that queueing takes. A retry with the same Idempotency-Key moves nothing and
-    answers the same; the key with another transfer is refused."""
+    a suspended or unknown account, to oneself, for an amount not positive, back to an account
+    that sent to `source` within a minute, or past what `source` can spend (`jobs.spending`),
+    decided under the lock on `source` that queueing takes. A retry with the same
+    Idempotency-Key moves nothing and answers the same; the key with another transfer is refused."""
     if source.is_anonymous:
         raise _refused("You cannot transfer Kudos from Anonymous, smart-ass.", "KudosTransferFromAnon")
     target = _target(username)

@@ -8,11 +8,14 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
+from hordeops import clock as hclock
 from hordeops import errors
 from jobs.services import transfer_kudos
 from kudos import ledger
 from kudos.models import Event
 from tests.conftest import give_kudos, race
+from workers.models import Account
+from workers.services import suspend_accounts
 
 T0 = "2026-06-01 08:00:00+00:00"
 
@@ -201,3 +204,16 @@ def test_a_key_outside_its_characters_or_length_is_refused_before_a_rate_token_i
     }
     # The key's one transfer a second was not spent on the refusal.
     assert _send(requester, _alias(owner), 5, key="a" * 128).status_code == 200
+
+
+def test_a_transfer_to_a_suspended_account_is_refused_as_one_to_a_deleted_account(requester, owner, clock):
+    give_kudos(requester, "100")
+    suspend_accounts(
+        accounts=Account.objects.filter(pk=owner.account.pk), reason="Seen flooding.", now=hclock.now()
+    )
+    refused = _send(requester, _alias(owner), 5)
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {"message": "Invalid target username.", "rc": "InvalidTargetUsername"},
+    )
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
