@@ -127,10 +127,15 @@ def test_a_transfer_retried_at_once_moves_once_and_two_past_the_balance_move_one
     call_command("check_kudos")
 
 
-def test_a_fractional_amount_is_read_as_whole_kudos_as_the_ai_horde_reads_it(requester, owner):
+def test_a_fractional_amount_is_refused_and_a_whole_float_moves_what_it_says(requester, owner, clock):
     give_kudos(requester, "100")
-    sent = _send(requester, _alias(owner), 7.9)  # horde_sdk sends floats
+    refused = _send(requester, _alias(owner), 1.5)
+    assert (refused.status_code, refused.json()["rc"]) == (400, "ValidationError")
+    assert refused.json()["errors"] == {"amount": "A whole number of kudos is required."}
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
+    sent = _send(requester, _alias(owner), 7.0)  # horde_sdk sends floats
     assert sent.json() == {"transferred": 7}
+    clock.shift(2)
     assert _send(requester, _alias(owner), "7").json()["rc"] == "ValidationError"
 
 
