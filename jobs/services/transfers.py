@@ -90,17 +90,21 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
         raise _refused("Transfer amount must be positive.", "InvalidKudosTransferAmount")
     redis = get_redis_connection("default")
     now = clock.now()
-    until = redis.get(_reverse_key(target.pk, source.pk))  # when the guard ends, on the horde's clock
-    if until is not None and float(until) > now.timestamp():
-        message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
-        raise _refused(message, "TooFastKudosTransfers")
     key = _event_key(source.pk, idempotency_key or str(uuid4()))
     moved = Decimal(amount)
     with transaction.atomic():
         with connection.cursor() as cursor:
+            # The pair's lock before the sender's, always: A to B and B to A at once would
+            # otherwise both read no guard; no transfer waits for it holding an account lock.
+            pair = "-".join(map(str, sorted((source.pk, target.pk))))
+            cursor.execute(sql.LOCK_TRANSFER_PAIR, {"pair": pair})
             cursor.execute(sql.LOCK_ACCOUNT, {"account_id": source.pk})
             if idempotency_key and Event.objects.filter(key=key).exists():
                 return _replayed(key, source=source, target=target, amount=moved)
+            until = redis.get(_reverse_key(target.pk, source.pk))  # when the guard ends, on the horde's clock
+            if until is not None and float(until) > now.timestamp():
+                message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
+                raise _refused(message, "TooFastKudosTransfers")
             floor = rates.floor(anonymous=False)
             cursor.execute(spending.available_sql(), {"account_id": source.pk, "floor": floor})
             (available,) = cursor.fetchone()
@@ -112,8 +116,9 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
             entries=[ledger.to_account(source.pk, -moved), ledger.to_account(target.pk, moved)],
             now=now,
         )
-    until = (now + REVERSE_WAIT).timestamp()
-    redis.set(_reverse_key(source.pk, target.pk), until, ex=int(REVERSE_WAIT.total_seconds()))
+        # Set before the pair's lock is released, so the reverse transfer waiting on it reads it.
+        until = (now + REVERSE_WAIT).timestamp()
+        redis.set(_reverse_key(source.pk, target.pk), until, ex=int(REVERSE_WAIT.total_seconds()))
     return amount
 
 

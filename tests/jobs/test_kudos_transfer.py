@@ -1,6 +1,7 @@
 """POST /api/v2/kudos/transfer: kudos sent from what an account can spend, once per
 Idempotency-Key, within the AI Horde's limits."""
 
+import functools
 import threading
 from decimal import Decimal
 
@@ -222,3 +223,22 @@ def test_a_transfer_to_a_suspended_account_is_refused_as_one_to_a_deleted_accoun
         {"message": "Invalid target username.", "rc": "InvalidTargetUsername"},
     )
     assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_accounts_sending_to_each_other_at_once_move_kudos_one_way_only(make_caller):
+    for round_ in range(3):  # three pairs: each race must leave one transfer
+        a, b = make_caller(f"a{round_}"), make_caller(f"b{round_}")
+        give_kudos(a, "100")
+        give_kudos(b, "100")
+
+        def send(source, to) -> object:
+            try:
+                return transfer_kudos(source=source.account, username=_alias(to), amount=5)
+            except errors.KudosValidationError as exc:
+                return exc.code
+
+        answers = race(functools.partial(send, a, b), functools.partial(send, b, a))
+        assert sorted(map(str, answers)) == ["5", "TooFastKudosTransfers"], answers
+    assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 3
+    call_command("check_kudos")
