@@ -36,7 +36,7 @@ from jobs.sql.names import (
     WORKERS,
     folded,
 )
-from jobs.sql.posts import WORKER_POST_PARTS, accept, renew, worker_post
+from jobs.sql.posts import WORKER_POST_PARTS, accept, relayed, renew, worker_post
 from jobs.sql.queue import (
     CLAIMED,
     LOCK_ACCOUNT,
@@ -100,6 +100,7 @@ __all__ = [
     "queued_between",
     "queued_per_model",
     "queued_totals",
+    "relayed",
     "renew",
     "restart_requests",
     "skipped",
