@@ -400,6 +400,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.schema.bound_deadline_header",
+        "hordeops.serializers.bound_request_strings",
         "workers.schema.add_delete_bodies",
     ],
 }
