@@ -164,8 +164,8 @@ def test_the_schema_refuses_a_nul_or_a_string_past_the_body_limit_in_a_body(requ
         "/v1/messages/count_tokens", nul, format="json", HTTP_AUTHORIZATION=f"Bearer {requester.api_key}"
     )
     assert refused.status_code == 400
-    assert not _accepts(schema, nul, path="/v1/messages/count_tokens")
     assert not _accepts(schema, {**body, "model": "m\x00"}, path="/v1/messages/count_tokens")
+    assert not _accepts(schema, {**body, "stop_sequences": ["a\x00"]}, path="/v1/messages/count_tokens")
     assert not _accepts(schema, {"prompt": "a\x00b"}, component="TextAsyncInput")
     huge = "x" * (settings.MAX_REQUEST_BODY_BYTES + 1)
     assert not _accepts(schema, {"prompt": huge}, component="TextAsyncInput")
