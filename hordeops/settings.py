@@ -264,7 +264,8 @@ CORS_URLS_REGEX = r"^/(api/v2|v1)/"
 CORS_ALLOWED_ORIGINS = env_list("CORS_ALLOWED_ORIGINS")
 CORS_ALLOW_ALL_ORIGINS = not CORS_ALLOWED_ORIGINS
 CORS_ALLOW_CREDENTIALS = False
-# What the horde's, OpenAI's and Anthropic's clients send from a page.
+# What the horde's, OpenAI's and Anthropic's clients send from a page (Idempotency-Key: a
+# page's kudos transfer made safe to retry).
 CORS_ALLOW_HEADERS = (
     "accept",
     "authorization",
@@ -280,6 +281,7 @@ CORS_ALLOW_HEADERS = (
     "openai-organization",
     "openai-project",
     "x-multillm-deadline-ms",
+    "idempotency-key",
     "x-stainless-arch",
     "x-stainless-lang",
     "x-stainless-os",
@@ -403,6 +405,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "jobs.schema.bound_deadline_header",
+        "hordeops.serializers.bound_request_strings",
         "workers.schema.add_delete_bodies",
     ],
 }

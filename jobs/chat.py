@@ -29,12 +29,17 @@ logger = logging.getLogger(__name__)
 NOT_QUEUED = "The horde cannot reach its database or Redis right now. Nothing was queued."
 
 
-def chat_caller(request: HttpRequest) -> Account:
-    """The account of a /v1 request's key (`Authorization: Bearer` or `x-api-key`)."""
+def chat_key(request: HttpRequest) -> str:
+    """A /v1 request's key (`Authorization: Bearer` or `x-api-key`), refused if missing: no query."""
     api_key = keys.chat_api_key(request.headers)
     if not api_key:
         raise errors.InvalidAPIKey("This route needs an API key: send Authorization: Bearer <key>.")
-    return authenticate(api_key=api_key)
+    return api_key
+
+
+def chat_caller(request: HttpRequest) -> Account:
+    """The account of a /v1 request's key."""
+    return authenticate(api_key=chat_key(request))
 
 
 def _start(
@@ -69,6 +74,9 @@ async def _queue(request: HttpRequest, protocol: ChatProtocol) -> tuple[ChatCall
 
     A request that was being queued when the deadline or the client ran out is cancelled.
     """
+    # A missing key is a 401 whatever the deadline: checked here, before a short budget can
+    # run out while the step waits for a database thread.
+    chat_key(request)
     if deadlines.INTERNAL_HEADER in request.headers:  # checked against Redis: not on the loop
         header = await asyncio.to_thread(deadlines.header_budget, request)
     else:

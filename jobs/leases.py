@@ -1,7 +1,9 @@
 """The stream lease of a generation, kept in Redis and decided by one Lua script.
 
 The lease hash holds the pop time, the lease end, the cap, the last progress `seq` and the
-length of the output relayed so far. One script checks the post's `seq`, relays its delta to
+length of the output relayed so far. Each post that relays copies that length to the row
+(`Generation.relayed_bytes`), so that a lease Redis lost is rebuilt with it and the job's output
+bound does not start again with a new Redis. One script checks the post's `seq`, relays its delta to
 the requester's relay stream (with `jobs.relay.APPEND_LUA`) and moves the lease end, all
 atomically: two posts at once can neither both renew nor interleave their deltas. The stale
 pass marks the leases it aborts `dead`, so that no later post can renew or relay for them.
@@ -66,14 +68,15 @@ SINCE_KEY = "hordeops:leases-since"
 # KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash, SINCE_KEY, the
 #       request's followed key.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
-#       key ttl, tokens, minute hash ttl, output limit (bytes).
-# Returns {outcome, lease_end, last_seq}; outcome is one of granted, at_cap, not_renewed,
-# lapsed, retry, gap, dead, too_long (the delta would take the output past its limit: it is
-# neither relayed nor counted, and its seq is not taken), lost, gone (the request had a follower
-# and has none now: nothing is relayed to no one).
+#       key ttl, tokens, minute hash ttl, output limit (bytes), output relayed (bytes, the row's).
+# Returns {outcome, lease_end, last_seq, output_len} (output_len only where the delta was
+# relayed); outcome is one of granted, at_cap, not_renewed, lapsed, retry, gap, dead, too_long
+# (the delta would take the output past its limit: it is neither relayed nor counted, and its
+# seq is not taken), lost, gone (the request had a follower and has none now: nothing is
+# relayed to no one).
 # A missing lease is made from the row's values (ARGV). Past a first post (seq > 1) in a Redis
 # that started after the pop, it was lost: rebuilt taking this seq as the next one while a
-# requester still follows the relay channel, else `lost`.
+# requester still follows the relay channel, else `lost`; its output so far is the row's.
 _RENEW_LUA = """
 local lease, relay, counters, minute = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
@@ -90,15 +93,15 @@ end
 if redis.call('EXISTS', lease) == 0 then
   -- Only here: after a Redis start the first post of any kind finds its lease missing.
   redis.call('SET', KEYS[5], ARGV[1], 'NX')
-  local taken = 0
+  local taken, relayed = 0, 0
   if seq > 1 and tonumber(redis.call('GET', KEYS[5])) > tonumber(ARGV[5]) then
     if redis.call('PUBSUB', 'NUMSUB', relay)[2] == 0 then
       return {'{LOST}', ARGV[6], 0}
     end
-    taken = seq - 1
+    taken, relayed = seq - 1, tonumber(ARGV[14])
   end
   redis.call('HSET', lease, 'popped_at', ARGV[5], 'lease_end', ARGV[6], 'cap_end', ARGV[7],
-             'last_seq', taken, 'output_len', 0)
+             'last_seq', taken, 'output_len', relayed)
   redis.call('EXPIRE', lease, tonumber(ARGV[10]))
 end
 local state = redis.call('HMGET', lease, '{KILLED_FIELD}', 'last_seq', 'lease_end', 'cap_end', 'output_len')
@@ -126,24 +129,24 @@ end
 if delta == '' then
   return {'{NOT_RENEWED}', state[3], seq}
 end
-redis.call('HINCRBY', lease, 'output_len', string.len(delta))
+local relayed = redis.call('HINCRBY', lease, 'output_len', string.len(delta))
 relay_append(relay, tonumber(ARGV[10]),
              {'type', 'delta', 'generation', ARGV[9], 'seq', ARGV[2], 'text', delta})
 if now > lease_end then
-  return {'{LAPSED}', state[3], seq}
+  return {'{LAPSED}', state[3], seq, relayed}
 end
 local wanted = string.format('%.6f', now + step)
 if tonumber(wanted) > cap_end then
   if lease_end >= cap_end then
     count('{AT_CAP}')
-    return {'{AT_CAP}', state[3], seq}
+    return {'{AT_CAP}', state[3], seq, relayed}
   end
   -- Held at the cap: stored as the cap's own string, so that the next post compares equal.
   wanted = state[4]
 end
 redis.call('HSET', lease, 'lease_end', wanted)
 count('{GRANTED}')
-return {'{GRANTED}', wanted, seq}
+return {'{GRANTED}', wanted, seq, relayed}
 """
 # The outcomes as the script writes them (the enum's values) and the killed field's name,
 # put in where `{NAME}` stands.
@@ -197,7 +200,7 @@ def renew(generation: Generation, *, seq: int, delta: str, tokens: int | None, n
     row the pass aborted in between is not written: its lease is killed and the post is DEAD,
     so that no generation is ever aborted with a live stream lease."""
     popped = generation.popped_at.timestamp()
-    outcome, lease_end, last_seq = _renew_script()(
+    outcome, lease_end, last_seq, *output_len = _renew_script()(
         keys=[
             lease_key(generation.pk),
             relay_key(generation.request_id),
@@ -220,9 +223,11 @@ def renew(generation: Generation, *, seq: int, delta: str, tokens: int | None, n
             "" if tokens is None else tokens,
             metrics.MINUTE_KEY_TTL_SECONDS,
             generation.request.output_limit_bytes,
+            generation.relayed_bytes,
         ],
     )
     renewal = Renewal(outcome=Outcome(outcome.decode()), lease_end=float(lease_end), last_seq=int(last_seq))
+    relayed = int(output_len[0]) if output_len else None
     if renewal.outcome == Outcome.RETRY:
         lapsed = now.timestamp() > renewal.lease_end
         return Renewal(Outcome.LAPSED if lapsed else Outcome.NOT_RENEWED, renewal.lease_end, renewal.last_seq)
@@ -231,11 +236,14 @@ def renew(generation: Generation, *, seq: int, delta: str, tokens: int | None, n
         # first drops float noise), and never past the cap.
         seconds = math.ceil(round(renewal.lease_end - popped, 6) * 1000) / 1000
         with connection.cursor() as cursor:
-            cursor.execute(sql.renew(), [min(generation.cap_seconds, seconds), generation.pk])
+            cursor.execute(sql.renew(), [min(generation.cap_seconds, seconds), relayed, generation.pk])
             written = cursor.rowcount
         if not written:
             kill([generation.pk])
             return Renewal(Outcome.DEAD, renewal.lease_end, renewal.last_seq)
+    elif relayed is not None:  # relayed, not renewed (at the cap, lapsed)
+        with connection.cursor() as cursor:
+            cursor.execute(sql.relayed(), [relayed, generation.pk])
     return renewal
 
 

@@ -295,6 +295,9 @@ class Generation(models.Model):
     cap_seconds = models.PositiveIntegerField()
     trusted_at_pop = models.BooleanField(default=False)
     renewals = models.PositiveIntegerField(default=0, db_default=0)
+    # The output relayed so far (UTF-8 bytes), copied from the lease by each post that relays:
+    # a lease Redis lost is rebuilt from it, so the output bound does not restart with Redis.
+    relayed_bytes = models.PositiveIntegerField(default=0, db_default=0)
     # The speed gate at the pop: the worker's capacity then, and its tier for this job
     # (1 capable, 2 only within its own cap, 3 not even then). Tiers 2 and 3 are the
     # over-capacity assignments; the generation's state is their outcome.

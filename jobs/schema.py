@@ -106,6 +106,13 @@ class ModelRoute(APIView):
         raise NotImplementedError
 
 
+class CountTokensInput(AnthropicMessagesInput):
+    """What `count_tokens` reads: a Messages body, with no `max_tokens` needed (one sent is
+    ignored, as the route counts the prompt only)."""
+
+    max_tokens = None
+
+
 class CountTokensRoute(APIView):
     @extend_schema(
         operation_id="messages_count_tokens",
@@ -114,7 +121,7 @@ class CountTokensRoute(APIView):
             "the messages become, as the AI Horde counts), not the model's tokenizer. `max_tokens` "
             "is ignored."
         ),
-        request=AnthropicMessagesInput,
+        request=CountTokensInput,
         responses={
             200: inline_serializer("TokenCount", {"input_tokens": serializers.IntegerField()}),
             **{code: ANTHROPIC_ERROR for code in (400, 401, 413, 429)},

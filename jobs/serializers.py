@@ -3,6 +3,7 @@
 import threading
 
 from django.utils.functional import cached_property
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -241,11 +242,26 @@ class SubmitOutput(serializers.Serializer):
 
 
 class WholeKudosField(StrictFloatField):
-    """A number read as whole kudos, as the AI Horde's `type=int` reads it (5.0 and 5.7 are 5):
-    horde_sdk sends the amount as a float."""
+    """A whole number of kudos, written as an integer or, as horde_sdk sends it, a float (5.0);
+    a fraction is refused rather than cut down (the AI Horde moved 1 of 1.5)."""
+
+    default_error_messages = {"fraction": "A whole number of kudos is required."}
 
     def to_internal_value(self, data) -> int:
-        return int(super().to_internal_value(data))
+        value = super().to_internal_value(data)
+        if not value.is_integer():
+            self.fail("fraction")
+        return int(value)
+
+
+class WholeKudosSchema(OpenApiSerializerFieldExtension):
+    """The schema of a WholeKudosField: a number with no fraction, as the route takes it."""
+
+    target_class = WholeKudosField
+
+    def map_serializer_field(self, auto_schema, direction):
+        schema = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        return {**schema, "multipleOf": 1}
 
 
 class KudosTransferInput(HotInput):

@@ -364,7 +364,15 @@ class KudosTransferView(APIView):
     @extend_schema(
         operation_id="transfer_kudos",
         auth=APIKEY_AUTH,
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                required=False,
+                pattern=services.transfers.IDEMPOTENCY_KEY_PATTERN,
+            )
+        ],
         request=s.KudosTransferInput,
         responses={200: s.KudosTransferOutput, **ERRORS},
     )
@@ -372,6 +380,7 @@ class KudosTransferView(APIView):
         """Send kudos to another account, from what this one can spend (the AI Horde's route)."""
         account = _account(request)
         data = _validated(s.KudosTransferInput, request)
+        key = services.idempotency_key(header=request.headers.get("Idempotency-Key"))
         digest = hashlib.sha256(request.headers["apikey"].encode()).hexdigest()[:32]
         wait = ratelimit.take(
             [
@@ -385,6 +394,6 @@ class KudosTransferView(APIView):
             source=account,
             username=data["username"],
             amount=data["amount"],
-            idempotency_key=request.headers.get("Idempotency-Key") or None,
+            idempotency_key=key,
         )
         return Response({"transferred": moved})

@@ -116,7 +116,7 @@ class Event(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
-    # The business event's own key (a generation's id, a request's settlement, a transfer's
+    # The business event's own key (a generation's id, a request's settlement, a hash of a transfer's
     # Idempotency-Key): a retry finds the event posted and posts nothing.
     key = models.CharField(max_length=200)
     reason = models.CharField(max_length=500, blank=True, default="", db_default="")

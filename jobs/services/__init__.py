@@ -32,7 +32,7 @@ from jobs.services.requests import (
 )
 from jobs.services.stale import StalePassResult, abort_stale_generations
 from jobs.services.submit import submit_generation
-from jobs.services.transfers import transfer_kudos
+from jobs.services.transfers import idempotency_key, transfer_kudos
 
 __all__ = [
     "EmptyPop",
@@ -57,5 +57,6 @@ __all__ = [
     "record_progress",
     "render_chat_prompt",
     "submit_generation",
+    "idempotency_key",
     "transfer_kudos",
 ]

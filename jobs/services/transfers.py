@@ -1,6 +1,8 @@
 """Kudos transfers between accounts (the AI Horde's `POST /v2/kudos/transfer`): from what the
 sender can spend, once per Idempotency-Key."""
 
+import hashlib
+import re
 from datetime import timedelta
 from decimal import Decimal
 from uuid import uuid4
@@ -19,16 +21,45 @@ from workers.models import Account
 REVERSE_WAIT = timedelta(seconds=60)
 
 
+# What a client may send as an Idempotency-Key: UUIDs, ULIDs, base64 and the like, short
+# enough to keep in logs. Stated in docs/reference/horde_api.md.
+IDEMPOTENCY_KEY_MAX = 128
+IDEMPOTENCY_KEY_PATTERN = rf"^[A-Za-z0-9._~+/=:-]{{1,{IDEMPOTENCY_KEY_MAX}}}$"
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
+
+
+def idempotency_key(*, header: str | None) -> str | None:
+    """The Idempotency-Key header as a transfer takes it (None when absent or empty); refused
+    (400 `InvalidIdempotencyKey`) outside its characters and length, before any limit is spent."""
+    if not header:
+        return None
+    if not _IDEMPOTENCY_KEY.fullmatch(header):
+        message = (
+            f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} characters of letters, digits "
+            "and . _ ~ + / = : -"
+        )
+        raise _refused(message, "InvalidIdempotencyKey")
+    return header
+
+
+def _event_key(source_id: int, client_key: str) -> str:
+    """The transfer's ledger key: its kind's prefix and a hash of the client's key, so that no
+    key a client sends can name another event (a `:floor` suffix, another kind's prefix)."""
+    return f"transfer:{source_id}:{hashlib.sha256(client_key.encode()).hexdigest()}"
+
+
 def _refused(message: str, rc: str) -> errors.KudosValidationError:
     return errors.KudosValidationError(message, rc=rc)
 
 
 def _target(username: str) -> Account | None:
-    """The account a username names as the AI Horde reads it: by the id after its last `#`."""
+    """The account a username names as the AI Horde reads it: by the id after its last `#`;
+    None for a suspended one, which can no more receive than a deleted one (told apart by
+    nothing, so a transfer does not reveal a moderator's action)."""
     digits = username.rsplit("#", 1)[-1].strip()
     if not digits.isascii() or not digits.isdigit() or len(digits) > 18:
         return None
-    return Account.objects.filter(pk=int(digits)).first()
+    return Account.objects.filter(pk=int(digits), suspended_at__isnull=True).first()
 
 
 def _reverse_key(source_id: int, target_id: int) -> str:
@@ -39,10 +70,10 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
     """Move `amount` kudos from `source` to the account `username` names; return what moved.
 
     Refused (KudosValidationError, with the AI Horde's rc) from or to the anonymous account, to
-    oneself, for an amount not positive, back to an account that sent to `source` within a
-    minute, or past what `source` can spend (`jobs.spending`), decided under the lock on
-    `source` that queueing takes. A retry with the same Idempotency-Key moves nothing and
-    answers the same; the key with another transfer is refused."""
+    a suspended or unknown account, to oneself, for an amount not positive, back to an account
+    that sent to `source` within a minute, or past what `source` can spend (`jobs.spending`),
+    decided under the lock on `source` that queueing takes. A retry with the same
+    Idempotency-Key moves nothing and answers the same; the key with another transfer is refused."""
     if source.is_anonymous:
         raise _refused("You cannot transfer Kudos from Anonymous, smart-ass.", "KudosTransferFromAnon")
     target = _target(username)
@@ -59,17 +90,21 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
         raise _refused("Transfer amount must be positive.", "InvalidKudosTransferAmount")
     redis = get_redis_connection("default")
     now = clock.now()
-    until = redis.get(_reverse_key(target.pk, source.pk))  # when the guard ends, on the horde's clock
-    if until is not None and float(until) > now.timestamp():
-        message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
-        raise _refused(message, "TooFastKudosTransfers")
-    key = f"transfer:{source.pk}:{idempotency_key or uuid4()}"
+    key = _event_key(source.pk, idempotency_key or str(uuid4()))
     moved = Decimal(amount)
     with transaction.atomic():
         with connection.cursor() as cursor:
+            # The pair's lock before the sender's, always: A to B and B to A at once would
+            # otherwise both read no guard; no transfer waits for it holding an account lock.
+            pair = "-".join(map(str, sorted((source.pk, target.pk))))
+            cursor.execute(sql.LOCK_TRANSFER_PAIR, {"pair": pair})
             cursor.execute(sql.LOCK_ACCOUNT, {"account_id": source.pk})
             if idempotency_key and Event.objects.filter(key=key).exists():
                 return _replayed(key, source=source, target=target, amount=moved)
+            until = redis.get(_reverse_key(target.pk, source.pk))  # when the guard ends, on the horde's clock
+            if until is not None and float(until) > now.timestamp():
+                message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
+                raise _refused(message, "TooFastKudosTransfers")
             floor = rates.floor(anonymous=False)
             cursor.execute(spending.available_sql(), {"account_id": source.pk, "floor": floor})
             (available,) = cursor.fetchone()
@@ -81,8 +116,9 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
             entries=[ledger.to_account(source.pk, -moved), ledger.to_account(target.pk, moved)],
             now=now,
         )
-    until = (now + REVERSE_WAIT).timestamp()
-    redis.set(_reverse_key(source.pk, target.pk), until, ex=int(REVERSE_WAIT.total_seconds()))
+        # Set before the pair's lock is released, so the reverse transfer waiting on it reads it.
+        until = (now + REVERSE_WAIT).timestamp()
+        redis.set(_reverse_key(source.pk, target.pk), until, ex=int(REVERSE_WAIT.total_seconds()))
     return amount
 
 

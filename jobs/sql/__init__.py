@@ -36,8 +36,18 @@ from jobs.sql.names import (
     WORKERS,
     folded,
 )
-from jobs.sql.posts import WORKER_POST_PARTS, accept, renew, worker_post
-from jobs.sql.queue import CLAIMED, LOCK_ACCOUNT, NEAR_ROWS, SKIPPED_SCAN, claim, pop, queue_request, skipped
+from jobs.sql.posts import WORKER_POST_PARTS, accept, relayed, renew, worker_post
+from jobs.sql.queue import (
+    CLAIMED,
+    LOCK_ACCOUNT,
+    LOCK_TRANSFER_PAIR,
+    NEAR_ROWS,
+    SKIPPED_SCAN,
+    claim,
+    pop,
+    queue_request,
+    skipped,
+)
 from jobs.sql.reads import (
     PERIODS,
     done_per_model,
@@ -61,6 +71,7 @@ __all__ = [
     "FAULTED",
     "GENERATIONS",
     "LOCK_ACCOUNT",
+    "LOCK_TRANSFER_PAIR",
     "NEAR_ROWS",
     "PERIODS",
     "PROCESSING",
@@ -89,6 +100,7 @@ __all__ = [
     "queued_between",
     "queued_per_model",
     "queued_totals",
+    "relayed",
     "renew",
     "restart_requests",
     "skipped",

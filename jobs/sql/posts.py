@@ -62,10 +62,21 @@ def worker_post() -> str:
 
 @cache
 def renew() -> str:
-    """The lease a granted renewal moved (`%s` job_ttl, `%s` id), written where the stale pass
-    reads it (raw: the ORM's compiling of this update cost more than running it)."""
+    """The lease a granted renewal moved (`%s` job_ttl, `%s` relayed bytes, `%s` id), written
+    where the stale pass reads it (raw: the ORM's compiling of this update cost more than
+    running it)."""
     return (
-        f"UPDATE {GENERATIONS} SET job_ttl = %s, renewals = renewals + 1"
+        f"UPDATE {GENERATIONS} SET job_ttl = %s, renewals = renewals + 1,"
+        " relayed_bytes = GREATEST(relayed_bytes, %s)"
+        f" WHERE id = %s AND state = '{PROCESSING}'"
+    )
+
+
+@cache
+def relayed() -> str:
+    """The output a post relayed without a renewal (`%s` relayed bytes, `%s` id)."""
+    return (
+        f"UPDATE {GENERATIONS} SET relayed_bytes = GREATEST(relayed_bytes, %s)"
         f" WHERE id = %s AND state = '{PROCESSING}'"
     )
 

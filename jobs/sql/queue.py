@@ -191,6 +191,10 @@ def claim() -> str:
 # time, so two cannot both take its last place (nor the same rank). NO KEY: a ledger event that
 # creates one of its wallets checks the row's key meanwhile, and must not wait for the lock.
 LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR NO KEY UPDATE"
+# Two accounts' transfers to each other, one at a time (%(pair)s names the pair in id order):
+# each reads the other's reverse-transfer guard. The two-key advisory space, apart from the
+# stale pass's one-key lock; its first key (b"kt", kudos transfers) namespaces it.
+LOCK_TRANSFER_PAIR = "SELECT pg_advisory_xact_lock(27508, hashtext(%(pair)s))"
 
 
 @cache

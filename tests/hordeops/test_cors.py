@@ -86,3 +86,9 @@ def test_the_origins_can_be_narrowed_to_a_list(db, settings):
     assert listed.headers["access-control-allow-origin"] == PAGE
     other = Client().get("/api/v2/status/performance", headers={"origin": "https://elsewhere.example"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_a_page_may_send_an_idempotency_key_with_a_kudos_transfer(db):
+    answer = _preflight("/api/v2/kudos/transfer", headers="apikey,content-type,idempotency-key")
+    assert answer.status_code == 200
+    assert "idempotency-key" in _allowed(answer)

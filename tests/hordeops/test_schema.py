@@ -129,3 +129,45 @@ def test_the_schemas_non_blank_pattern_refuses_exactly_what_drf_trims_to_nothing
         except ValidationError:
             kept = False
         assert bool(re.search(NOT_ONLY_WHITE_SPACE, text)) == kept or code == 0, hex(code)
+
+
+def _accepts(schema: dict, body: object, component: str | None = None, path: str | None = None) -> bool:
+    import jsonschema
+
+    if path is not None:
+        target = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    else:
+        target = {"$ref": f"#/components/schemas/{component}"}
+    try:
+        jsonschema.validate(body, {**target, "components": schema["components"]})
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+def test_count_tokens_needs_no_max_tokens_in_the_schema_as_on_the_route(requester):
+    schema = _schema()
+    body = {"model": "m1", "messages": [{"role": "user", "content": "Hello there"}]}
+    counted = requester.client.post(
+        "/v1/messages/count_tokens", body, format="json", HTTP_AUTHORIZATION=f"Bearer {requester.api_key}"
+    )
+    assert counted.status_code == 200, counted.content
+    assert _accepts(schema, body, path="/v1/messages/count_tokens")
+    assert not _accepts(schema, body, path="/v1/messages")  # Messages itself needs max_tokens
+
+
+def test_the_schema_refuses_a_nul_or_a_string_past_the_body_limit_in_a_body(requester, settings):
+    schema = _schema()
+    body = {"model": "m1", "messages": [{"role": "user", "content": "Hello there"}]}
+    nul = {**body, "messages": [{"role": "user", "content": "Hel\x00lo"}]}
+    refused = requester.client.post(
+        "/v1/messages/count_tokens", nul, format="json", HTTP_AUTHORIZATION=f"Bearer {requester.api_key}"
+    )
+    assert refused.status_code == 400
+    assert not _accepts(schema, {**body, "model": "m\x00"}, path="/v1/messages/count_tokens")
+    assert not _accepts(schema, {**body, "stop_sequences": ["a\x00"]}, path="/v1/messages/count_tokens")
+    assert not _accepts(schema, {"prompt": "a\x00b"}, component="TextAsyncInput")
+    huge = "x" * (settings.MAX_REQUEST_BODY_BYTES + 1)
+    assert not _accepts(schema, {"prompt": huge}, component="TextAsyncInput")
+    assert not _accepts(schema, {**body, "system": huge}, path="/v1/messages/count_tokens")
+    assert _accepts(schema, {"prompt": "a b"}, component="TextAsyncInput")

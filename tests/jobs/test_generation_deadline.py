@@ -547,6 +547,31 @@ def test_a_deadline_spent_waiting_for_a_database_thread_is_a_504_that_queues_not
     assert not TextRequest.objects.exists()
 
 
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions", RESPONSES, MESSAGES_PATH])
+def test_a_missing_key_is_a_401_even_when_the_deadline_runs_out_first(local_server, path):
+    """The database threads are all busy, so the step that checks a key waits past a 1 ms
+    deadline: a missing key must still be told it is missing, not that time ran out."""
+    release = threading.Event()
+    threads = django_settings.WEB_ASYNC_DB_THREADS
+    started = threading.Barrier(threads + 1)
+
+    def hold() -> None:
+        started.wait(WAIT_SECONDS)
+        release.wait(WAIT_SECONDS)
+
+    holds = [asyncdb._threads().submit(hold) for _ in range(threads)]
+    try:
+        started.wait(WAIT_SECONDS)
+        with httpx.Client(base_url=local_server, timeout=WAIT_SECONDS) as http:
+            response = http.post(path, json=_body(path, stream=False), headers={HEADER: "1"})
+    finally:
+        release.set()
+        for held in holds:
+            held.result(WAIT_SECONDS)
+    assert response.status_code == 401, response.text
+    assert not TextRequest.objects.exists()
+
+
 def test_the_sdks_get_a_504_they_do_not_retry(local_server, accounts, worker):
     requester, _ = accounts
     deadline = {HEADER: "400"}

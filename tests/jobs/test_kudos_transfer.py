@@ -1,6 +1,7 @@
 """POST /api/v2/kudos/transfer: kudos sent from what an account can spend, once per
 Idempotency-Key, within the AI Horde's limits."""
 
+import functools
 import threading
 from decimal import Decimal
 
@@ -8,11 +9,14 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
+from hordeops import clock as hclock
 from hordeops import errors
 from jobs.services import transfer_kudos
 from kudos import ledger
 from kudos.models import Event
 from tests.conftest import give_kudos, race
+from workers.models import Account
+from workers.services import suspend_accounts
 
 T0 = "2026-06-01 08:00:00+00:00"
 
@@ -124,10 +128,15 @@ def test_a_transfer_retried_at_once_moves_once_and_two_past_the_balance_move_one
     call_command("check_kudos")
 
 
-def test_a_fractional_amount_is_read_as_whole_kudos_as_the_ai_horde_reads_it(requester, owner):
+def test_a_fractional_amount_is_refused_and_a_whole_float_moves_what_it_says(requester, owner, clock):
     give_kudos(requester, "100")
-    sent = _send(requester, _alias(owner), 7.9)  # horde_sdk sends floats
+    refused = _send(requester, _alias(owner), 1.5)
+    assert (refused.status_code, refused.json()["rc"]) == (400, "ValidationError")
+    assert refused.json()["errors"] == {"amount": "A whole number of kudos is required."}
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
+    sent = _send(requester, _alias(owner), 7.0)  # horde_sdk sends floats
     assert sent.json() == {"transferred": 7}
+    clock.shift(2)
     assert _send(requester, _alias(owner), "7").json()["rc"] == "ValidationError"
 
 
@@ -172,3 +181,64 @@ def test_a_sender_locked_for_a_transfer_does_not_block_an_event_that_opens_its_e
         holder.close()
     assert "error" not in posted and posted["event"].posted
     assert ledger.balance(sender.account.pk, escrow=True) == Decimal("2.00")
+
+
+def test_a_key_ending_in_floor_sends_its_transfer_and_names_no_floor_event(
+    requester, owner, make_caller, clock
+):
+    give_kudos(requester, "100")
+    # A new receiver's first kudos are raised to its floor: the ledger posts a floor event too.
+    assert _send(requester, _alias(owner), 5, key="k").status_code == 200
+    assert Event.objects.filter(kind=Event.Kind.FORGIVEN).exists()
+    clock.shift(2)
+    sent = _send(requester, _alias(make_caller("third")), 5, key="k:floor")
+    assert (sent.status_code, sent.json()) == (200, {"transferred": 5})
+    assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 2
+    call_command("check_kudos")
+
+
+@pytest.mark.parametrize("key", ["a" * 129, "a" * 200, "two words", "caf\u00e9", "a\tb"])
+def test_a_key_outside_its_characters_or_length_is_refused_before_a_rate_token_is_spent(
+    requester, owner, key
+):
+    give_kudos(requester, "100")
+    refused = _send(requester, _alias(owner), 5, key=key)
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "message": "Idempotency-Key must be 1 to 128 characters of letters, digits and . _ ~ + / = : -",
+        "rc": "InvalidIdempotencyKey",
+    }
+    # The key's one transfer a second was not spent on the refusal.
+    assert _send(requester, _alias(owner), 5, key="a" * 128).status_code == 200
+
+
+def test_a_transfer_to_a_suspended_account_is_refused_as_one_to_a_deleted_account(requester, owner, clock):
+    give_kudos(requester, "100")
+    suspend_accounts(
+        accounts=Account.objects.filter(pk=owner.account.pk), reason="Seen flooding.", now=hclock.now()
+    )
+    refused = _send(requester, _alias(owner), 5)
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {"message": "Invalid target username.", "rc": "InvalidTargetUsername"},
+    )
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_accounts_sending_to_each_other_at_once_move_kudos_one_way_only(make_caller):
+    for round_ in range(3):  # three pairs: each race must leave one transfer
+        a, b = make_caller(f"a{round_}"), make_caller(f"b{round_}")
+        give_kudos(a, "100")
+        give_kudos(b, "100")
+
+        def send(source, to) -> object:
+            try:
+                return transfer_kudos(source=source.account, username=_alias(to), amount=5)
+            except errors.KudosValidationError as exc:
+                return exc.code
+
+        answers = race(functools.partial(send, a, b), functools.partial(send, b, a))
+        assert sorted(map(str, answers)) == ["5", "TooFastKudosTransfers"], answers
+    assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 3
+    call_command("check_kudos")

@@ -103,3 +103,35 @@ def test_a_cancelled_requests_relay_stream_expires_within_a_minute(
     with django_capture_on_commit_callbacks(execute=True):
         cancel_request(request_id=request_id)
     assert 0 < client.ttl(relay.relay_key(request_id)) <= 60
+
+
+def test_a_lease_rebuilt_after_redis_lost_it_keeps_the_output_already_relayed(chat_job, owner, time_machine):
+    time_machine.move_to("2026-06-01 08:00:00+00:00", tick=False)
+    job = chat_job(owner, max_length=20)
+    limit = _limit(20)
+    generation = Generation.objects.get(pk=job["id"])
+    assert progress(owner, job["id"], 1, "a" * (limit - 10)).json()["lease"] == "granted"
+    assert Generation.objects.get(pk=job["id"]).relayed_bytes == limit - 10
+    # A Redis restart: the lease, the relay stream and the mark of since when are gone.
+    redis = get_redis_connection("default")
+    redis.delete(leases.lease_key(generation.pk), relay.relay_key(generation.request_id), leases.SINCE_KEY)
+    follower = redis.pubsub()
+    follower.subscribe(relay.relay_key(generation.request_id))  # the requester still follows
+    try:
+        assert follower.get_message(timeout=2)["type"] == "subscribe"
+        time_machine.shift(10)
+        refused = progress(owner, job["id"], 2, "b" * 11)
+        assert (refused.status_code, refused.json()["rc"]) == (400, "OutputTooLong")
+        assert progress(owner, job["id"], 2, "c" * 10).json()["lease"] == "granted"
+    finally:
+        follower.close()
+    assert leases.state(job["id"])["output_len"] == str(limit)
+
+
+def test_output_relayed_past_the_lease_end_is_copied_to_the_row_too(chat_job, owner, time_machine):
+    time_machine.move_to("2026-06-01 08:00:00+00:00", tick=False)
+    job = chat_job(owner, max_length=20)
+    assert progress(owner, job["id"], 1, "abc").json()["lease"] == "granted"
+    time_machine.shift(1000)  # past the lease and its cap: relayed, not renewed
+    assert progress(owner, job["id"], 2, "defg").json()["lease"] == "lapsed"
+    assert Generation.objects.get(pk=job["id"]).relayed_bytes == 7
