@@ -88,6 +88,13 @@ def _reply_length(
     return asked
 
 
+def admit() -> None:
+    """The horde-wide refusals every requester route applies before it queues anything, the
+    horde's async route and the four /v1 protocols alike: maintenance mode."""
+    if modes.current().maintenance:
+        raise errors.MaintenanceMode()
+
+
 def create_text_request(
     *,
     account: Account,
@@ -112,8 +119,7 @@ def create_text_request(
     cannot cover them is refused with KudosUpfront, or asks for fewer tokens if it allows a
     downgrade."""
     now = now or clock.now()
-    if modes.current().maintenance:
-        raise errors.MaintenanceMode()
+    admit()
     n = params.pop("n", 1)
     max_length = params.get("max_length", 80)
     max_context_length = params.get("max_context_length", 2048)
@@ -256,6 +262,7 @@ def create_completion_request(
     legacy worker too), followed by its requester on the relay. `max_length` None: the most
     they accept (`_reply_length`); `max_length_field` names it as the client did."""
     now = now or clock.now()
+    admit()
     max_length = _reply_length(model, prompt, now, chat=False, asked=max_length, field=max_length_field)
     return _queue_reply(
         account,
@@ -284,6 +291,7 @@ def create_chat_request(
     """Queue a chat job for one reply of at most `max_length` tokens from `model` (None: the
     most its online chat workers accept, `_reply_length`)."""
     now = now or clock.now()
+    admit()
     prompt = render_chat_prompt(messages)
     max_length = _reply_length(model, prompt, now, chat=True, asked=max_length, field=max_length_field)
     return _queue_reply(
