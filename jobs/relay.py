@@ -13,10 +13,11 @@ While it follows any request, the hub also watches PostgreSQL (`hordeops.dbprobe
 database gone no output can come, so every follower is failed as a lost Redis fails them.
 
 A follower is known to be alive, not assumed: once its subscription holds it marks the request
-followed (`followed_key`), and from then on a request that is marked but whose channel has no
-subscriber has lost its follower (its web process died: Redis drops a dead process's
-connection, and with it the subscription). `FOLLOWER_GONE_LUA` and `followers_gone` tell;
-the progress posts, the submit and the stale pass cancel such a request. A web process that
+followed (`followed_key`), and unmarks it before it unsubscribes when it leaves; a request that
+is marked but whose channel has no subscriber has lost its follower (its web process died:
+Redis drops a dead process's connection, and with it the subscription). `FOLLOWER_GONE_LUA`
+and `followers_gone` tell; the progress posts, the submit and the stale pass cancel such a
+request. A web process that
 stops (`stop_following`) fails its followers first, so that each stream gets its error event.
 """
 
@@ -343,6 +344,9 @@ class _Hub:
                 return  # followed again meanwhile, or the hub is gone
             del self._subscriptions[channel]
             try:
+                # Unmarked before unsubscribed: a follower that leaves is not one that died
+                # (`followers_gone`), whose request would be cancelled as the horde's loss.
+                await self._backlog.delete(followed_key(channel.rsplit(":", 1)[1]))
                 await self._pubsub.unsubscribe(channel)
             except redis.exceptions.RedisError as err:
                 self._fail(err)

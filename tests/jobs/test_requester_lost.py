@@ -133,6 +133,18 @@ def test_a_follower_is_marked_once_its_subscription_holds_and_gone_once_its_conn
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_follower_that_leaves_unmarks_its_request_so_it_is_not_taken_for_dead(chat_job, owner):
+    job = chat_job(owner)
+    request_id = Generation.objects.get(pk=job["id"]).request_id
+    follower = Following(request_id).wait_followed()
+    follower.close()  # as when its requester leaves: its own step cancels the request
+    _until(lambda: follower.subscribers() == 0, "the follower did not unsubscribe")
+    assert not follower.marked()
+    assert relay.followers_gone([request_id]) == set()
+    assert progress(owner, job["id"], 1, "still relayed", tokens=2).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_progress_post_after_the_followers_process_died_is_told_cancelled_and_nothing_is_charged(
     chat_job, owner, requester, following
 ):
