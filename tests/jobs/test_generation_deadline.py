@@ -7,6 +7,7 @@ goes over real HTTP: `local_server` is uvicorn on a thread of this process (so t
 `settings` fixture and caplog reach it), `live_stack` is separate uvicorn processes.
 """
 
+import contextlib
 import gc
 import json
 import logging
@@ -516,12 +517,9 @@ def test_a_deadline_spent_in_the_queue_is_a_504_that_cancels_the_request(local_s
         _assert_cancelled_without_restart(text_request.pk, worker)
 
 
-def test_a_deadline_spent_waiting_for_a_database_thread_is_a_504_that_queues_nothing(
-    local_server, accounts, worker
-):
-    """The chat routes' database steps share a few threads (hordeops.asyncdb): waiting for one
-    spends the budget like any other phase, and the step that never got a thread never runs."""
-    requester, _ = accounts
+@contextlib.contextmanager
+def _database_threads_held() -> Iterator[None]:
+    """Every thread of the chat routes' database steps (hordeops.asyncdb) busy for the block."""
     release = threading.Event()
     threads = django_settings.WEB_ASYNC_DB_THREADS
     started = threading.Barrier(threads + 1)
@@ -533,13 +531,23 @@ def test_a_deadline_spent_waiting_for_a_database_thread_is_a_504_that_queues_not
     holds = [asyncdb._threads().submit(hold) for _ in range(threads)]
     try:
         started.wait(WAIT_SECONDS)
-        asked = time.monotonic()
-        response = _ask(local_server, requester.api_key, 300)
-        answered = time.monotonic() - asked
+        yield
     finally:
         release.set()
         for held in holds:
             held.result(WAIT_SECONDS)
+
+
+def test_a_deadline_spent_waiting_for_a_database_thread_is_a_504_that_queues_nothing(
+    local_server, accounts, worker
+):
+    """The chat routes' database steps share a few threads (hordeops.asyncdb): waiting for one
+    spends the budget like any other phase, and the step that never got a thread never runs."""
+    requester, _ = accounts
+    with _database_threads_held():
+        asked = time.monotonic()
+        response = _ask(local_server, requester.api_key, 300)
+        answered = time.monotonic() - asked
     assert response.status_code == 504, response.text
     assert response.json()["error"]["code"] == "generation_deadline_exceeded"
     assert 0.3 <= answered < 2, answered  # at the deadline, not when a thread came free
@@ -551,23 +559,8 @@ def test_a_deadline_spent_waiting_for_a_database_thread_is_a_504_that_queues_not
 def test_a_missing_key_is_a_401_even_when_the_deadline_runs_out_first(local_server, path):
     """The database threads are all busy, so the step that checks a key waits past a 1 ms
     deadline: a missing key must still be told it is missing, not that time ran out."""
-    release = threading.Event()
-    threads = django_settings.WEB_ASYNC_DB_THREADS
-    started = threading.Barrier(threads + 1)
-
-    def hold() -> None:
-        started.wait(WAIT_SECONDS)
-        release.wait(WAIT_SECONDS)
-
-    holds = [asyncdb._threads().submit(hold) for _ in range(threads)]
-    try:
-        started.wait(WAIT_SECONDS)
-        with httpx.Client(base_url=local_server, timeout=WAIT_SECONDS) as http:
-            response = http.post(path, json=_body(path, stream=False), headers={HEADER: "1"})
-    finally:
-        release.set()
-        for held in holds:
-            held.result(WAIT_SECONDS)
+    with _database_threads_held(), httpx.Client(base_url=local_server, timeout=WAIT_SECONDS) as http:
+        response = http.post(path, json=_body(path, stream=False), headers={HEADER: "1"})
     assert response.status_code == 401, response.text
     assert not TextRequest.objects.exists()
 
