@@ -169,9 +169,10 @@ def _honest(port: int, key: str, stop: threading.Event, got: list) -> None:
 
 
 def flooding_key(port: int, seconds: float) -> dict:
+    from front.moderation import suspend_accounts
     from jobs.models import TextRequest
     from workers.models import Account
-    from workers.services import create_account, suspend_accounts
+    from workers.services import create_account
 
     _, key = create_account(name="flooder")
     stop, answers, lock = threading.Event(), [], threading.Lock()

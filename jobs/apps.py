@@ -10,19 +10,11 @@ class JobsConfig(AppConfig):
         from jobs import metrics as queue_metrics
         from jobs import relay
         from jobs.protocols import protocol_for_path
-        from workers.moderation import account_suspended
 
         metrics.register()
         queue_metrics.register()
         # A web process that stops ends its open chat streams with their error event first.
         stopping.on_stop(relay.stop_following)
-        account_suspended.connect(_cancel_suspended_requests, dispatch_uid="jobs-cancel-suspended")
         # The /v1 routes answer errors in their protocol's shape, wherever the error is raised
         # (the body limits, the rate limits, a 404 under /v1/).
         api.register_error_shape("/v1/", lambda path, err: protocol_for_path(path).error_response(err))
-
-
-def _cancel_suspended_requests(sender, *, account, now, **kwargs) -> None:
-    from jobs.services import cancel_account_requests
-
-    cancel_account_requests(account_id=account.pk, now=now)

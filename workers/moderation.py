@@ -6,7 +6,6 @@ migration that creates the group (with the historical models) and by tests.
 """
 
 from django.db.models import Q
-from django.dispatch import Signal
 
 MODERATORS = "Moderators"
 PERMISSIONS = (
@@ -35,11 +34,6 @@ PERMISSIONS = (
     ("kudos", "delete_textmodel"),
     ("kudos", "award_kudos"),
 )
-
-
-# Sent when a moderator suspends an account (`services.suspend_accounts`), with `account` and
-# `now`: the jobs app cancels its open requests, so that `workers` need not know of them.
-account_suspended = Signal()
 
 
 def grant_moderators(group_model, permission_model):

@@ -64,19 +64,14 @@ def refuse_suspended(account: Account) -> None:
         raise errors.AccountSuspended(account.suspension_reason)
 
 
-def suspend_accounts(*, accounts, reason: str, now: datetime) -> list[Account]:
-    """Suspend the accounts not yet suspended: their keys are refused from now on, and
-    `moderation.account_suspended` is sent for each (the jobs app cancels their open requests).
-    Returns those suspended now."""
+def mark_suspended(*, accounts, reason: str, now: datetime) -> list[Account]:
+    """The workers app's step of a suspension (`front.moderation.suspend_accounts`): the
+    accounts not yet suspended are, their keys refused from now on. Returns those marked now."""
     with transaction.atomic():
         suspended = list(accounts.select_for_update().filter(suspended_at__isnull=True))
         Account.objects.filter(pk__in=[a.pk for a in suspended]).update(
             suspended_at=now, suspension_reason=reason[:500]
         )
-    from workers.moderation import account_suspended
-
-    for account in suspended:
-        account_suspended.send(sender=Account, account=account, now=now)
     return suspended
 
 

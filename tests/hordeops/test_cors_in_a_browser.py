@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.hordeops.test_admin_in_a_browser import chromium
+from tests.front.test_admin_in_a_browser import chromium
 from tests.live import Background, ChatWorker, LiveStack, free_port
 from workers.services import create_account
 

@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connections
 
+from front.moderation import suspend_accounts
 from hordeops import clock as hclock
 from hordeops import errors
 from jobs.services import transfer_kudos
@@ -16,7 +17,6 @@ from kudos import ledger
 from kudos.models import Event
 from tests.conftest import give_kudos, race
 from workers.models import Account
-from workers.services import suspend_accounts
 
 T0 = "2026-06-01 08:00:00+00:00"
 

@@ -6,7 +6,7 @@ while a browser is open, and Django refuses ORM calls from a thread with a runni
 so each test prepares its rows before `chromium()` and checks them after it.
 
 Screenshots go to $SCREENSHOT_DIR (run/screenshots unless set); the README shows the ones
-made with `SCREENSHOT_DIR=docs/screenshots bin/test tests/hordeops/test_admin_in_a_browser.py`.
+made with `SCREENSHOT_DIR=docs/screenshots bin/test tests/front/test_admin_in_a_browser.py`.
 """
 
 import os

@@ -1,10 +1,20 @@
-from django.contrib.admin.apps import AdminConfig
+from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
-class HordeAdminConfig(AdminConfig):
+class FrontConfig(AppConfig):
+    """The top floor: what people face (the admin site, its moderation pages), above the apps."""
+
+    name = "front"
+    verbose_name = "Moderation"
+    default = True
+
+
+class HordeAdminConfig(admin_apps.AdminConfig):
     """Django's admin, with the horde's own site (the operations page) as the default."""
 
-    default_site = "hordeops.admin.HordeAdminSite"
+    default = False
+    default_site = "front.site.HordeAdminSite"
 
     def ready(self) -> None:
         super().ready()

@@ -30,7 +30,7 @@ class HordeAdminSite(admin.AdminSite):
     site_header = "hordeops moderation"
     site_title = "hordeops"
     index_title = "Moderation and operations"
-    index_template = "admin/hordeops/index.html"
+    index_template = "admin/front/index.html"
 
     def login(self, request: HttpRequest, extra_context=None):
         """Django's admin login, refused (429, the form and why) past the failed-login bounds,
@@ -83,4 +83,4 @@ class HordeAdminSite(admin.AdminSite):
             "chart_width": operations.CHART_WIDTH,
             "chart_height": operations.CHART_HEIGHT,
         }
-        return TemplateResponse(request, "admin/hordeops/operations.html", context)
+        return TemplateResponse(request, "admin/front/operations.html", context)
