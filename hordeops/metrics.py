@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from prometheus_client.core import REGISTRY, CounterMetricFamily
+from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hordeops import clock
@@ -261,3 +261,41 @@ def register() -> None:
     if _collector is None and getattr(settings, "REDIS_URL", None):
         _collector = RedisCounterCollector()
         REGISTRY.register(_collector)
+
+
+class DatabaseGauge(Collector):
+    """A gauge read from the database when `/metrics` is scraped: `read(now)` gives its value by
+    label values. Absent from a scrape while the database is down, rather than failing it."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        read: Callable[[datetime], dict[tuple[str, ...], float]],
+        labels=(),
+    ) -> None:
+        self.name, self.documentation, self.read, self.labels = name, documentation, read, list(labels)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # What registering it asks for (else it would collect, and query, at start-up).
+        yield GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            values = self.read(clock.now())
+        except Exception:
+            return
+        gauge = GaugeMetricFamily(self.name, self.documentation, labels=self.labels)
+        for label_values, value in sorted(values.items()):
+            gauge.add_metric(list(label_values), value)
+        yield gauge
+
+
+_gauges: set[str] = set()
+
+
+def register_gauge(gauge: DatabaseGauge) -> None:
+    """Register a database gauge once per process (from an app's AppConfig.ready)."""
+    if gauge.name not in _gauges:
+        _gauges.add(gauge.name)
+        REGISTRY.register(gauge)

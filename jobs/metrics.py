@@ -8,14 +8,11 @@ own table (`QueuedModel`, one row per waiting request and model it names): one a
 statement per scrape.
 """
 
-from collections.abc import Iterator
 from datetime import datetime
 
 from django.db.models import Min
-from prometheus_client.core import REGISTRY, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from hordeops import clock
+from hordeops import metrics
 
 QUEUE_OLDEST = "horde_text_queue_oldest_seconds"
 ANY_MODEL, UNSERVED = "any", "unserved"
@@ -39,37 +36,12 @@ def oldest_waiting(*, now: datetime) -> dict[str, float]:
     return oldest
 
 
-class QueueGaugeCollector(Collector):
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield self._gauge()
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        try:
-            oldest = oldest_waiting(now=clock.now())
-        except Exception:
-            # A scrape must not fail because PostgreSQL is down; the gauge is then absent.
-            return
-        gauge = self._gauge()
-        for model, seconds in sorted(oldest.items()):
-            gauge.add_metric([model], seconds)
-        yield gauge
-
-    @staticmethod
-    def _gauge() -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            QUEUE_OLDEST,
-            "Seconds the oldest waiting text request of each model has waited (models served by an "
-            "online worker; 'any': names none; 'unserved': no online worker serves it).",
-            labels=["model"],
-        )
-
-
-_collector: QueueGaugeCollector | None = None
-
-
 def register() -> None:
-    """Register the collector once per process (from AppConfig.ready)."""
-    global _collector
-    if _collector is None:
-        _collector = QueueGaugeCollector()
-        REGISTRY.register(_collector)
+    gauge = metrics.DatabaseGauge(
+        QUEUE_OLDEST,
+        "Seconds the oldest waiting text request of each model has waited (models served by an "
+        "online worker; 'any': names none; 'unserved': no online worker serves it).",
+        lambda now: {(model,): seconds for model, seconds in oldest_waiting(now=now).items()},
+        labels=["model"],
+    )
+    metrics.register_gauge(gauge)
