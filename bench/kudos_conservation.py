@@ -130,6 +130,7 @@ def run(seconds: float, threads: int) -> dict:
         upfront = payer in upfront_only or rng.random() < 0.3
         queued = services.create_text_request(
             account=payer,
+            address="",
             prompt="x" * rng.randint(10, 400),
             params={"n": 1, "max_length": rng.choice([64, 128, 600]), "max_context_length": 2048},
             models=[MODEL],

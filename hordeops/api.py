@@ -167,9 +167,10 @@ class BodyLimitMiddleware(MiddlewareMixin):
 
 
 class RateLimitMiddleware(MiddlewareMixin):
-    """The address timeouts (hordeops.timeouts), then the token buckets (hordeops.ratelimit),
-    before any route's work; on the worker routes the buckets count only keys no account has,
-    which each process remembers (`ratelimit.key_memory`)."""
+    """The address timeouts (hordeops.timeouts; the routes that queue are left to their
+    admission), then the token buckets (hordeops.ratelimit), before any route's work; on the
+    worker routes the buckets count only keys no account has, which each process remembers
+    (`ratelimit.key_memory`)."""
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         path = request.path
@@ -179,11 +180,8 @@ class RateLimitMiddleware(MiddlewareMixin):
         if ratelimit.is_unreadable(address):
             # Fail closed: an address no limit can hold would escape its timeouts and buckets.
             return error_response_for_path(path, errors.UnreadableAddress())
-        if timeouts.any_active() and timeouts.is_checked_path(path):
-            seconds = timeouts.seconds_left(address)
-            if seconds:
-                metrics.increment_soon(metrics.TIMED_OUT_REFUSALS, now=clock.now())
-                return error_response_for_path(path, errors.TimeoutIP(seconds))
+        if timeouts.is_checked_path(path) and (refused := timeouts.refusal(address)):
+            return error_response_for_path(path, refused)
         if ratelimit.is_worker_path(path):
             return self._worker_call(request)
         api_key = keys.requester_api_key(path, request.headers)

@@ -1,6 +1,8 @@
 """Address timeouts: client addresses and networks a moderator has put into timeout, refused
 on every API route, the horde's and the `/v1` ones (403 TimeoutIP), but the heartbeat and the
-moderators' own operations routes.
+moderators' own operations routes. The routes that queue a request are refused by their
+admission (`jobs.admission`), after maintenance and suspension as the AI Horde orders them; the
+others, by `hordeops.api.RateLimitMiddleware` before any work.
 
 The record is `workers.models.AddressTimeout` (the admin, `/api/v2/operations/ipaddr`); what
 the routes check is its copy in one Redis hash, network -> end (Unix seconds), rewritten whole
@@ -20,7 +22,7 @@ import redis.exceptions
 from django.conf import settings
 from django_redis import get_redis_connection
 
-from hordeops import clock
+from hordeops import clock, errors, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,16 @@ CHECKED_PATHS = ("/api/", "/v1/")
 # What a timed-out address may still call: the operator's probe, and the moderators' own
 # routes (a moderator behind a timed-out network can lift it).
 EXEMPT_PATHS = ("/api/v2/status/heartbeat", "/api/v2/operations/")
+# The routes that queue a request: their admission refuses a timed-out address, in its order.
+ADMITTED_PATHS = frozenset(
+    (
+        "/api/v2/generate/text/async",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+    )
+)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -156,8 +168,20 @@ def seconds_left(address: str, *, now: float | None = None) -> int:
     return max(0, math.ceil(left))
 
 
+def refusal(address: str, *, now: float | None = None) -> errors.TimeoutIP | None:
+    """The refusal of a call from `address` while it is in timeout (counted), else None."""
+    if not address or not any_active():
+        return None
+    seconds = seconds_left(address, now=now)
+    if not seconds:
+        return None
+    metrics.increment_soon(metrics.TIMED_OUT_REFUSALS, now=clock.now())
+    return errors.TimeoutIP(seconds)
+
+
 def is_checked_path(path: str) -> bool:
-    return path.startswith(CHECKED_PATHS) and not path.startswith(EXEMPT_PATHS)
+    """Whether the middleware checks `path`: an API route, neither exempt nor left to admission."""
+    return path.startswith(CHECKED_PATHS) and not path.startswith(EXEMPT_PATHS) and path not in ADMITTED_PATHS
 
 
 def forget() -> None:

@@ -14,7 +14,7 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from hordeops import asyncdb, clock, errors, keys
+from hordeops import asyncdb, clock, errors, keys, ratelimit
 from hordeops.parsers import loads_strict
 from jobs import cancellations, deadlines, services
 from jobs.deadlines import Budget
@@ -22,7 +22,7 @@ from jobs.models import Ending, TextRequest
 from jobs.protocols import PROTOCOLS, ChatCall, ChatProtocol
 from jobs.replies import Exchange, within
 from workers.models import Account
-from workers.services import authenticate
+from workers.services import authenticate, key_account
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +50,14 @@ def _start(
     `header` is the deadline header's budget, or the error that refuses the header: the key
     is checked first, so that a bad key is a 401 whatever the header says.
     """
-    account = chat_caller(request)
+    # A suspended account is refused by the request's admission, with the horde's rules.
+    account = key_account(api_key=chat_key(request))
     budget = deadlines.for_account(header, account)
     call = protocol.parse(loads_strict(request.body))
     deadline_at = budget.deadline_at(clock.now()) if budget else None  # auth and parsing spent some
     reply = {
         "account": account,
+        "address": ratelimit.request_address(request),
         "model": call.model,
         "max_length": call.max_tokens,
         "max_length_field": call.max_tokens_field,
@@ -125,21 +127,18 @@ def count_tokens(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"input_tokens": services.prompt_tokens(services.render_chat_prompt(call.messages))})
 
 
-@csrf_exempt
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await _serve(request, PROTOCOLS["/v1/chat/completions"])
+def _route(path: str):
+    """The view of one protocol's route: the flow above, in that protocol's shapes."""
+    protocol = PROTOCOLS[path]
+
+    @csrf_exempt
+    async def view(request: HttpRequest) -> HttpResponse:
+        return await _serve(request, protocol)
+
+    return view
 
 
-@csrf_exempt
-async def completions(request: HttpRequest) -> HttpResponse:
-    return await _serve(request, PROTOCOLS["/v1/completions"])
-
-
-@csrf_exempt
-async def responses(request: HttpRequest) -> HttpResponse:
-    return await _serve(request, PROTOCOLS["/v1/responses"])
-
-
-@csrf_exempt
-async def messages(request: HttpRequest) -> HttpResponse:
-    return await _serve(request, PROTOCOLS["/v1/messages"])
+chat_completions = _route("/v1/chat/completions")
+completions = _route("/v1/completions")
+responses = _route("/v1/responses")
+messages = _route("/v1/messages")

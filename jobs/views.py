@@ -20,7 +20,7 @@ from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
 from workers import messages, modes
-from workers.services import authenticate
+from workers.services import authenticate, key_account
 
 APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
 # 429: the rate limits, on every route but the worker routes (there: a bad key's only).
@@ -71,7 +71,8 @@ class TextAsyncView(APIView):
             return self._queue(request, header)
 
     def _queue(self, request: Request, header: deadlines.Budget | errors.DomainError | None) -> Response:
-        account = _account(request)
+        # A suspended account is refused by the request's admission, with the horde's rules.
+        account = key_account(api_key=request.headers.get("apikey"))
         budget = deadlines.for_account(header, account)
         data = _validated(s.TextAsyncInput, request)
         if not data["prompt"]:
@@ -81,6 +82,7 @@ class TextAsyncView(APIView):
         params = dict(data.get("params") or {"n": 1, "max_length": 80, "max_context_length": 2048})
         queued = services.create_text_request(
             account=account,
+            address=ratelimit.request_address(request),
             prompt=data["prompt"],
             params=params,
             models=data["models"],

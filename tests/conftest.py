@@ -186,6 +186,7 @@ def queue_chat(requester: Caller, max_length: int, content: str = "hi", model: s
 
     return create_chat_request(
         account=requester.account,
+        address="",
         model=model,
         messages=[{"role": "user", "content": content}],
         max_length=max_length,

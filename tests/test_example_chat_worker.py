@@ -80,6 +80,7 @@ def _queue_chat(url: str, worker_key: str) -> TextRequest:
     requester, _ = create_account(name="example-requester")
     return services.create_chat_request(
         account=requester,
+        address="",
         model=MODEL,
         messages=[{"role": "user", "content": f"Say hello. {PROMPT_MARKER}"}],
         max_length=100,

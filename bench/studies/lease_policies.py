@@ -129,6 +129,7 @@ def _queue(requests: int, seed: int) -> dict[str, str]:
         low, high = LONG if size == "long" else SHORT
         request = create_chat_request(
             account=account,
+            address="",
             model=MODEL,
             messages=[{"role": "user", "content": "Write it."}],
             max_length=rng.randint(low, high),

@@ -53,6 +53,7 @@ def _progress_throughput(base, worker_key, chat, requester, create_chat_request,
         for _ in range(threads):
             create_chat_request(
                 account=requester,
+                address="",
                 model="bench-model",
                 messages=[{"role": "user", "content": "bench"}],
                 max_length=4096,
@@ -183,6 +184,7 @@ def main() -> None:
             client.post("/api/v2/generate/text/pop", json=chat)  # the chat worker announces its model
             create_chat_request(
                 account=requester,
+                address="",
                 model="bench-model",
                 messages=[{"role": "user", "content": "bench"}],
                 max_length=4096,

@@ -37,13 +37,12 @@ class StopField(serializers.JSONField):
     """OpenAI's `stop`: a string or up to 4 strings (`stop_list`)."""
 
 
-class ChatCompletionInput(serializers.Serializer):
+class OpenAIInput(serializers.Serializer):
+    """What OpenAI's Chat Completions and (legacy) Completions take alike: the model, the
+    stream, one choice, the sampling knobs and the stop strings."""
+
     model = StrictCharField(max_length=255)
-    messages = MessageInput(many=True, allow_empty=False, max_length=MAX_MESSAGES)
     max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True)
-    max_completion_tokens = StrictIntegerField(
-        min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True
-    )
     stream = StrictBooleanField(default=False)
     n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
     temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
@@ -53,6 +52,13 @@ class ChatCompletionInput(serializers.Serializer):
 
     def validate_stop(self, value: Any) -> list[str]:
         return stop_list(value, max_items=4, what="stop")
+
+
+class ChatCompletionInput(OpenAIInput):
+    messages = MessageInput(many=True, allow_empty=False, max_length=MAX_MESSAGES)
+    max_completion_tokens = StrictIntegerField(
+        min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True
+    )
 
 
 class OpenAIChat(OpenAIErrors):

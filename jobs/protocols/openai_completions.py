@@ -10,10 +10,10 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops import errors
-from jobs.protocols.base import MAX_REPLY_TOKENS, ChatCall, Reply, Usage, sampling, sse, stop_list, validated
-from jobs.protocols.openai_chat import StopField
+from jobs.protocols.base import ChatCall, Reply, Usage, sampling, sse, stop_list, validated
+from jobs.protocols.openai_chat import OpenAIChat, OpenAIInput
 from jobs.protocols.openai_errors import OpenAIErrors
-from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
+from jobs.serializers import StrictBooleanField
 
 MAX_PROMPT_CHARS = 1_000_000
 
@@ -41,16 +41,8 @@ class NoEchoField(StrictBooleanField):
     """OpenAI's `echo`: only false, for the reply holds the completion only."""
 
 
-class CompletionInput(serializers.Serializer):
-    model = StrictCharField(max_length=255)
+class CompletionInput(OpenAIInput):
     prompt = PromptField()
-    max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True)
-    stream = StrictBooleanField(default=False)
-    n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
-    temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
-    top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
-    seed = StrictIntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
-    stop = StopField(required=False, allow_null=True)
     echo = NoEchoField(default=False)
 
     def validate_prompt(self, value: Any) -> str:
@@ -95,13 +87,7 @@ class OpenAICompletions(OpenAIErrors):
             "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
         }
 
-    def _usage(self, usage: Usage) -> dict[str, float]:
-        return {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens,
-            "kudos": usage.kudos,
-        }
+    _usage = OpenAIChat._usage  # the same usage object as Chat Completions'
 
     def stream_start(self, reply: Reply) -> list[str]:
         return []

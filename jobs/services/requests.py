@@ -16,13 +16,12 @@ from django.db.models.functions import Least
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
-from jobs import spending, sql
+from jobs import admission, spending, sql
 from jobs.models import Generation, TextRequest
 from jobs.protocols.base import MAX_REPLY_TOKENS
 from jobs.status import eligible_workers
 from kudos import ledger, rates
 from kudos.models import Event, Wallet
-from workers import modes
 from workers.models import Account, Worker
 
 logger = logging.getLogger(__name__)
@@ -88,16 +87,10 @@ def _reply_length(
     return asked
 
 
-def admit() -> None:
-    """The horde-wide refusals every requester route applies before it queues anything, the
-    horde's async route and the four /v1 protocols alike: maintenance mode."""
-    if modes.current().maintenance:
-        raise errors.MaintenanceMode()
-
-
 def create_text_request(
     *,
     account: Account,
+    address: str,
     prompt: str,
     params: dict[str, Any],
     models: list[str],
@@ -117,9 +110,9 @@ def create_text_request(
     serves them (yet): one may start, or restart and redeclare its models, within the
     request's life. One that needs its kudos upfront (`jobs.spending`) from an account that
     cannot cover them is refused with KudosUpfront, or asks for fewer tokens if it allows a
-    downgrade."""
+    downgrade. `address` is the client's, for its admission (`jobs.admission`)."""
     now = now or clock.now()
-    admit()
+    admission.admit(account=account, address=address, now=now)
     n = params.pop("n", 1)
     max_length = params.get("max_length", 80)
     max_context_length = params.get("max_context_length", 2048)
@@ -250,6 +243,7 @@ def render_chat_prompt(messages: list[dict[str, str]]) -> str:
 def create_completion_request(
     *,
     account: Account,
+    address: str,
     model: str,
     prompt: str,
     max_length: int | None,
@@ -261,25 +255,17 @@ def create_completion_request(
     """Queue a /v1 text completion: a text job of `model` that any of its workers may take (a
     legacy worker too), followed by its requester on the relay. `max_length` None: the most
     they accept (`_reply_length`); `max_length_field` names it as the client did."""
-    now = now or clock.now()
-    admit()
-    max_length = _reply_length(model, prompt, now, chat=False, asked=max_length, field=max_length_field)
+    reply = {"model": model, "asked": max_length, "field": max_length_field, "deadline_at": deadline_at}
+    kind = TextRequest.Kind.TEXT
     return _queue_reply(
-        account,
-        now=now,
-        deadline_at=deadline_at,
-        model=model,
-        prompt=prompt,
-        max_length=max_length,
-        kind=TextRequest.Kind.TEXT,
-        followed=True,
-        params={**params, "max_length": max_length},
+        account, address=address, now=now, prompt=prompt, kind=kind, followed=True, params=params, **reply
     )
 
 
 def create_chat_request(
     *,
     account: Account,
+    address: str,
     model: str,
     messages: list[dict[str, str]],
     max_length: int | None,
@@ -290,34 +276,32 @@ def create_chat_request(
 ) -> TextRequest:
     """Queue a chat job for one reply of at most `max_length` tokens from `model` (None: the
     most its online chat workers accept, `_reply_length`)."""
-    now = now or clock.now()
-    admit()
+    reply = {"model": model, "asked": max_length, "field": max_length_field, "deadline_at": deadline_at}
     prompt = render_chat_prompt(messages)
-    max_length = _reply_length(model, prompt, now, chat=True, asked=max_length, field=max_length_field)
-    return _queue_reply(
-        account,
-        now=now,
-        deadline_at=deadline_at,
-        model=model,
-        prompt=prompt,
-        max_length=max_length,
-        kind=TextRequest.Kind.CHAT,
-        messages=messages,
-        params=params,
-    )
+    chat = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
+    return _queue_reply(account, address=address, now=now, prompt=prompt, **chat, **reply)
 
 
 def _queue_reply(
     account: Account,
     *,
-    now: datetime,
+    address: str,
+    now: datetime | None,
     deadline_at: datetime | None,
     model: str,
     prompt: str,
-    max_length: int,
+    asked: int | None,
+    field: str,
     **fields: Any,
 ) -> TextRequest:
-    """Queue one /v1 reply of at most `max_length` tokens from `model`."""
+    """Admit and queue one /v1 reply from `model`, of at most `asked` tokens (None: the most
+    its workers accept), `field` naming that limit as the client did."""
+    now = now or clock.now()
+    admission.admit(account=account, address=address, now=now)
+    chat = fields["kind"] == TextRequest.Kind.CHAT
+    max_length = _reply_length(model, prompt, now, chat=chat, asked=asked, field=field)
+    if not chat:  # a text job's worker, a legacy one too, reads its length from the params
+        fields["params"] = {**fields["params"], "max_length": max_length}
     return _queue(
         account,
         now=now,

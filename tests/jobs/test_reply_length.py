@@ -130,16 +130,16 @@ def test_without_a_limit_a_long_prompt_gets_the_reply_the_workers_context_has_ro
     room = 800 - prompt_tokens(render_chat_prompt(messages))
     assert 300 < room < 512
     chat = create_chat_request(
-        account=requester.account, model=MODEL, messages=messages, max_length=None, params={}
+        account=requester.account, address="", model=MODEL, messages=messages, max_length=None, params={}
     )
     # The short worker holds this prompt with `room` tokens of reply, more than the roomy one's 300.
     assert (chat.max_length, chat.max_context_length) == (room, 800)
     longer = [{"role": "user", "content": "word " * 1000}]
     chat = create_chat_request(
-        account=requester.account, model=MODEL, messages=longer, max_length=None, params={}
+        account=requester.account, address="", model=MODEL, messages=longer, max_length=None, params={}
     )
     assert chat.max_length == 300  # only the roomy worker holds this prompt
     text = create_completion_request(
-        account=requester.account, model=MODEL, prompt="hi", max_length=None, params={}
+        account=requester.account, address="", model=MODEL, prompt="hi", max_length=None, params={}
     )
     assert text.max_length == 512

@@ -47,11 +47,18 @@ def test_a_timed_out_address_is_refused_on_requester_and_worker_routes_until_its
     assert refused["retry-after"] == "3600"
     assert caller.pop("w").json()["rc"] == "TimeoutIP"
     assert caller.client.get("/api/v2/workers").status_code == 403
+    # The routes that queue check the key first, then the timeout (their admission).
     chat = caller.post(
-        "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        HTTP_X_API_KEY=caller.api_key,
     )
     assert (chat.status_code, json.loads(chat.content)["error"]["code"]) == (403, "timeout_ip")
-    anthropic = caller.post("/v1/messages", {"model": "m", "max_tokens": 5, "messages": []})
+    anthropic = caller.post(
+        "/v1/messages",
+        {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+        HTTP_X_API_KEY=caller.api_key,
+    )
     assert (anthropic.status_code, json.loads(anthropic.content)["type"]) == (403, "error")
     # The operator's probe still answers; another address is not held.
     assert caller.client.get("/api/v2/status/heartbeat").status_code == 200
@@ -242,8 +249,11 @@ def test_a_forwarded_address_with_a_port_or_brackets_is_held_by_its_timeout_and_
         assert (refused.status_code, refused.json()["rc"]) == (400, "BadRequest"), forwarded
         assert "client address could not be read" in refused.json()["message"]
     assert caller.pop("w").status_code == 400
+    # The routes that queue check the key first, then the timeout (their admission).
     chat = caller.post(
-        "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        HTTP_X_API_KEY=caller.api_key,
     )
     assert chat.status_code == 400 and "error" in json.loads(chat.content)
     assert caller.client.get("/api/v2/status/heartbeat").status_code == 200
