@@ -35,7 +35,7 @@ DATABASE_POOL_WAIT_SECONDS = env_float("DATABASE_POOL_WAIT_SECONDS", 2.0)
 
 
 # How often a web process that follows open chat requests checks that PostgreSQL answers
-# (jobs/relay.py): with the database gone, their streams end with an error event this soon.
+# (jobs/relay_hub.py): with the database gone, their streams end with an error event this soon.
 DATABASE_WATCH_SECONDS = env_float("DATABASE_WATCH_SECONDS", 1.0)
 
 
@@ -360,7 +360,7 @@ REQUEST_BODY_SECONDS = env_int("REQUEST_BODY_SECONDS", 30)
 REQUEST_HEAD_SECONDS = env_float("REQUEST_HEAD_SECONDS", 10.0)
 REQUEST_HEAD_MAX_BYTES = env_int("REQUEST_HEAD_MAX_BYTES", 32 * 1024)
 # A chat stream whose requester takes none of its bytes for this long, or whose undelivered
-# events pass this many bytes in the web process, ends and its request is cancelled (jobs/relay.py,
+# events pass this many bytes in the web process, ends and its request is cancelled (jobs/relay_hub.py,
 # hordeops/asgi.py): a requester that stops reading cannot hold a socket and memory past its job.
 STREAM_SEND_TIMEOUT_SECONDS = env_float("STREAM_SEND_TIMEOUT_SECONDS", 30.0)
 STREAM_QUEUE_MAX_BYTES = env_int("STREAM_QUEUE_MAX_BYTES", 1024 * 1024)

@@ -8,14 +8,14 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from hordeops import api, metrics, stopping
         from jobs import metrics as queue_metrics
-        from jobs import relay
+        from jobs import relay_hub
         from jobs.protocols import protocol_for_path
         from workers.moderation import account_suspended
 
         metrics.register()
         queue_metrics.register()
         # A web process that stops ends its open chat streams with their error event first.
-        stopping.on_stop(relay.stop_following)
+        stopping.on_stop(relay_hub.stop_following)
         account_suspended.connect(_cancel_suspended_requests, dispatch_uid="jobs-cancel-suspended")
         # The /v1 routes answer errors in their protocol's shape, wherever the error is raised
         # (the body limits, the rate limits, a 404 under /v1/).
