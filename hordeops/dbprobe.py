@@ -2,7 +2,7 @@
 
 A web process whose open chat requests wait on Redis would not otherwise notice that the
 database has gone: their workers' posts fail, and the requesters would wait for output that
-cannot come. The relay hub (`jobs.relay`) asks this probe once a second while it follows any
+cannot come. The relay hub (`jobs.relay_hub`) asks this probe once a second while it follows any
 request. The probe owns one connection, so that it neither waits behind the pool nor takes a
 connection from a request; a connection lost is tried again at once, so that only a database
 that cannot be reached now reads as down, not a connection that a restart closed.

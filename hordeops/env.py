@@ -20,14 +20,19 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def env_int(name: str, default: int) -> int:
+def _env_parsed(name: str, default, parse, what: str):
+    """The variable through `parse` (int, float), or `default` when it is unset or blank."""
     raw = os.environ.get(name, "")
     if raw.strip() == "":
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an integer") from None
+        raise ImproperlyConfigured(f"{name} must be {what}") from None
+
+
+def env_int(name: str, default: int) -> int:
+    return _env_parsed(name, default, int, "an integer")
 
 
 def env_optional_int(name: str) -> int | None:
@@ -51,13 +56,7 @@ def env_never_or_int(name: str, default: int) -> int | None:
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number") from None
+    return _env_parsed(name, default, float, "a number")
 
 
 def env_bool(name: str, default: bool) -> bool:

@@ -1,7 +1,9 @@
 """Domain errors: each has a stable code and an HTTP status.
 
 Services raise these; each API family maps them to its own error shape in one place
-(`hordeops.api` for the horde routes).
+(`hordeops.api` for the horde routes). Each error names its code and status (and any
+`retry-after`) in its class line, `class NotFound(DomainError, code="NotFound", status=404)`,
+and its message in `default_message`; a variant of another error keeps what it does not name.
 """
 
 import math
@@ -15,6 +17,17 @@ class DomainError(Exception):
     retry_after: int | None = None
     # The methods the route serves, for a 405: sent as `allow` (RFC 9110) in every shape.
     allow: tuple[str, ...] = ()
+
+    def __init_subclass__(
+        cls, *, code: str | None = None, status: int | None = None, retry_after: int | None = None, **kwargs
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
+        if status is not None:
+            cls.status = status
+        if retry_after is not None:
+            cls.retry_after = retry_after
 
     def __init__(self, message: str | None = None, **extra: object) -> None:
         self.message = message or self.default_message
@@ -36,8 +49,8 @@ def response_headers(err: DomainError, status: int) -> dict[str, str]:
     return headers
 
 
-class BadRequest(DomainError):
-    code = "BadRequest"
+class BadRequest(DomainError, code="BadRequest", status=400):
+    pass
 
 
 class UnreadableAddress(BadRequest):
@@ -47,65 +60,45 @@ class UnreadableAddress(BadRequest):
     )
 
 
-class NotFound(DomainError):
-    code = "NotFound"
-    status = 404
+class NotFound(DomainError, code="NotFound", status=404):
     default_message = "Not found."
 
 
-class InternalError(DomainError):
-    code = "InternalError"
-    status = 500
+class InternalError(DomainError, code="InternalError", status=500):
     default_message = "Internal server error."
 
 
-class NulByteInPayload(DomainError):
-    code = "NulByteInPayload"
+class NulByteInPayload(DomainError, code="NulByteInPayload", status=400):
     default_message = "The payload contains a NUL byte, which is not accepted."
 
 
-class InvalidJSON(DomainError):
-    code = "InvalidJSON"
+class InvalidJSON(DomainError, code="InvalidJSON", status=400):
     default_message = "The body is not valid JSON in UTF-8."
 
 
-class PayloadTooLarge(DomainError):
-    code = "PayloadTooLarge"
-    status = 413
+class PayloadTooLarge(DomainError, code="PayloadTooLarge", status=413):
     default_message = "The body is larger than 1 MiB."
 
 
-class BodyTimeout(DomainError):
-    code = "RequestTimeout"
-    status = 408
+class BodyTimeout(DomainError, code="RequestTimeout", status=408):
     default_message = "The request body did not arrive in time."
 
 
-class HeadTimeout(DomainError):
-    code = "RequestTimeout"
-    status = 408
+class HeadTimeout(DomainError, code="RequestTimeout", status=408):
     default_message = "The request line and headers did not arrive in time."
 
 
-class HeadTooLarge(DomainError):
-    code = "RequestHeaderFieldsTooLarge"
-    status = 431
+class HeadTooLarge(DomainError, code="RequestHeaderFieldsTooLarge", status=431):
     default_message = "The request line and headers are larger than this server takes."
 
 
-class TooManyConnections(DomainError):
-    code = "ServiceUnavailable"
-    status = 503
+class TooManyConnections(DomainError, code="ServiceUnavailable", status=503, retry_after=1):
     default_message = "This server holds as many connections as it may: try again shortly."
-    retry_after = 1
 
 
-class KudosUpfront(DomainError):
+class KudosUpfront(DomainError, code="KudosUpfront", status=403):
     """A request that needs its kudos upfront, from an account that cannot cover it (the AI
     Horde's rc and words)."""
-
-    code = "KudosUpfront"
-    status = 403
 
     def __init__(self, *, tokens: int, required: object) -> None:
         super().__init__(
@@ -115,23 +108,18 @@ class KudosUpfront(DomainError):
         )
 
 
-class KudosValidationError(DomainError):
+class KudosValidationError(DomainError, code="KudosValidationError", status=400):
     """A kudos transfer refused, with the AI Horde's rc for why (`InvalidTargetUsername`,
     `KudosTransferNotEnough`, `IdempotencyKeyConflict`, ...)."""
-
-    code = "KudosValidationError"
 
     def __init__(self, message: str, *, rc: str) -> None:
         self.code = rc
         super().__init__(message)
 
 
-class TooManyPrompts(DomainError):
+class TooManyPrompts(DomainError, code="TooManyPrompts", status=429, retry_after=5):
     """The account already has as many waiting or running requests as it may (the AI Horde's rc)."""
 
-    code = "TooManyPrompts"
-    status = 429
-    retry_after = 5
     refusal = "waiting_requests"
 
     def __init__(self, *, count: int, limit: int) -> None:
@@ -141,11 +129,8 @@ class TooManyPrompts(DomainError):
         )
 
 
-class RateLimited(DomainError):
+class RateLimited(DomainError, code="RateLimited", status=429):
     """A key or a client address sending faster than its token bucket refills."""
-
-    code = "RateLimited"
-    status = 429
 
     def __init__(self, *, wait_seconds: float, refusal: str = "rate_limit") -> None:
         self.retry_after = max(1, math.ceil(wait_seconds))
@@ -153,90 +138,66 @@ class RateLimited(DomainError):
         super().__init__(f"Too many requests from this key or address: try again in {self.retry_after} s.")
 
 
-class InvalidAPIKey(DomainError):
-    code = "InvalidAPIKey"
-    status = 401
+class InvalidAPIKey(DomainError, code="InvalidAPIKey", status=401):
     default_message = "No user matching sent API Key. Have you remembered to register?"
 
 
-class WrongCredentials(DomainError):
-    code = "WrongCredentials"
-    status = 403
+class WrongCredentials(DomainError, code="WrongCredentials", status=403):
     default_message = "Wrong credentials to submit as this worker."
 
 
-class AnonForbiddenWorker(DomainError):
-    code = "AnonForbiddenWorker"
-    status = 403
+class AnonForbiddenWorker(DomainError, code="AnonForbiddenWorker", status=403):
     default_message = "Anonymous is not allowed to own workers."
 
 
-class WorkerMaintenance(DomainError):
-    code = "WorkerMaintenance"
-    status = 403
+class WorkerMaintenance(DomainError, code="WorkerMaintenance", status=403):
     default_message = "This worker has been put into maintenance mode by its owner."
 
 
-class UnknownModel(DomainError):
-    code = "UnknownModel"
+class UnknownModel(DomainError, code="UnknownModel", status=400):
     default_message = "No worker serves any of the requested models."
 
 
-class TokenOverflow(DomainError):
-    code = "TokenOverflow"
+class TokenOverflow(DomainError, code="TokenOverflow", status=400):
     default_message = "max_context_length must be at least max_length."
 
 
-class MissingPrompt(DomainError):
-    code = "MissingPrompt"
+class MissingPrompt(DomainError, code="MissingPrompt", status=400):
     default_message = "The prompt cannot be empty."
 
 
-class WorkerNotFound(DomainError):
-    code = "WorkerNotFound"
-    status = 404
+class WorkerNotFound(DomainError, code="WorkerNotFound", status=404):
     default_message = "No worker with that id."
 
 
-class RequestNotFound(DomainError):
-    code = "RequestNotFound"
-    status = 404
+class RequestNotFound(DomainError, code="RequestNotFound", status=404):
     default_message = "Request not found."
 
 
-class InvalidJobID(DomainError):
-    code = "InvalidJobID"
-    status = 404
+class InvalidJobID(DomainError, code="InvalidJobID", status=404):
     default_message = "Processing Generation with this ID was not found."
 
 
-class DuplicateGen(DomainError):
-    code = "DuplicateGen"
+class DuplicateGen(DomainError, code="DuplicateGen", status=400):
     default_message = "This generation has already been submitted."
 
 
-class AbortedGen(DomainError):
-    code = "AbortedGen"
+class AbortedGen(DomainError, code="AbortedGen", status=400):
     default_message = "This generation took too long to process and has been aborted."
 
 
-class GenerationCancelled(DomainError):
-    code = "GenerationCancelled"
-    status = 409
+class GenerationCancelled(DomainError, code="GenerationCancelled", status=409):
     default_message = (
         "This generation was cancelled by its requester or its deadline. "
         "It does not count against the worker."
     )
 
 
-class OutputTooLong(DomainError):
-    code = "OutputTooLong"
+class OutputTooLong(DomainError, code="OutputTooLong", status=400):
     default_message = "The output is longer than this job allows."
 
 
-class MethodNotAllowed(DomainError):
-    code = "MethodNotAllowed"
-    status = 405
+class MethodNotAllowed(DomainError, code="MethodNotAllowed", status=405):
     default_message = "This route does not serve that method."
 
     def __init__(self, message: str | None = None, *, allowed: tuple[str, ...]) -> None:
@@ -244,15 +205,11 @@ class MethodNotAllowed(DomainError):
         self.allow = allowed
 
 
-class ProgressOutOfOrder(DomainError):
-    code = "ProgressOutOfOrder"
-    status = 409
+class ProgressOutOfOrder(DomainError, code="ProgressOutOfOrder", status=409):
     default_message = "This progress post skips a seq."
 
 
-class ServiceUnavailable(DomainError):
-    code = "ServiceUnavailable"
-    status = 503
+class ServiceUnavailable(DomainError, code="ServiceUnavailable", status=503):
     default_message = "The horde cannot reach its database or Redis right now."
 
 
@@ -276,10 +233,9 @@ class DatabaseLost(ServiceUnavailable):
     default_message = "The horde lost its database. The request is cancelled: nothing of it will be served."
 
 
-class ProtocolValidationError(DomainError):
+class ProtocolValidationError(DomainError, code="ValidationError", status=400):
     """A chat request body that does not validate; `param` names the field."""
 
-    code = "ValidationError"
     openai_code = "invalid_request"
 
     def __init__(self, message: str | None = None, *, param: str | None = None) -> None:
@@ -287,18 +243,15 @@ class ProtocolValidationError(DomainError):
         self.param = param
 
 
-class ReplyTooLong(ProtocolValidationError):
+class ReplyTooLong(ProtocolValidationError, code="ReplyTooLong", status=400):
     """A /v1 request for a longer reply than any online worker of its model accepts: refused
     at once, for no worker could take it and it would wait out its life in silence."""
 
-    code = "ReplyTooLong"
     openai_code = "max_tokens_too_large"
 
 
-class ReplyFailed(DomainError):
+class ReplyFailed(DomainError, code="ReplyFailed", status=400):
     """A chat request that ended without a reply; `openai_code` is its ending (`jobs.models.Ending`)."""
-
-    code = "ReplyFailed"
 
     def __init__(self, message: str, *, status: int, openai_code: str) -> None:
         super().__init__(message)
@@ -306,69 +259,52 @@ class ReplyFailed(DomainError):
         self.openai_code = openai_code
 
 
-class InvalidGenerationDeadline(DomainError):
+class InvalidGenerationDeadline(DomainError, code="invalid_generation_deadline", status=400):
     """A malformed X-MultiLLM-Deadline-Ms header (docs/reference/generation_deadline.md)."""
 
-    code = "invalid_generation_deadline"
     default_message = "X-MultiLLM-Deadline-Ms must be one integer from 1 to the horde's maximum."
 
 
-class GenerationDeadlineExceeded(DomainError):
+class GenerationDeadlineExceeded(DomainError, code="generation_deadline_exceeded", status=504):
     """The requester's generation deadline ran out."""
 
-    code = "generation_deadline_exceeded"
-    status = 504
     default_message = "The generation deadline was exceeded."
 
 
-class UpstreamStreamInvalid(DomainError):
+class UpstreamStreamInvalid(DomainError, code="upstream_stream_invalid", status=502):
     """Stream preflight found no output within its bounds, or the job ended first."""
 
-    code = "upstream_stream_invalid"
-    status = 502
     default_message = "The worker's stream delivered no output before the preflight bound or its end."
 
 
-class UserNotFound(DomainError):
-    code = "UserNotFound"
-    status = 404
+class UserNotFound(DomainError, code="UserNotFound", status=404):
     default_message = "No user with that id."
 
 
-class NotOwner(DomainError):
-    code = "NotOwner"
-    status = 403
+class NotOwner(DomainError, code="NotOwner", status=403):
     default_message = "Only the worker's owner or a moderator may change this."
 
 
-class MaintenanceMode(DomainError):
-    code = "MaintenanceMode"
-    status = 400  # as the AI Horde answers it: a 5xx would have the SDKs resend the request
-    retry_after = 60
+# Status 400, as the AI Horde answers it: a 5xx would have the SDKs resend the request.
+class MaintenanceMode(DomainError, code="MaintenanceMode", status=400, retry_after=60):
     default_message = "The horde has entered maintenance mode. Please try again later."
 
 
-class WorkerInviteOnly(DomainError):
-    code = "WorkerInviteOnly"
-    status = 403
+class WorkerInviteOnly(DomainError, code="WorkerInviteOnly", status=403):
     default_message = (
         "This horde has been switched to worker invite-only mode: only trusted accounts may start "
         "new workers. Ask a moderator."
     )
 
 
-class RaidMode(DomainError):
-    code = "RaidMode"
-    status = 403
+class RaidMode(DomainError, code="RaidMode", status=403):
     default_message = (
         "This horde is defending itself from a raid: new workers of untrusted accounts are refused "
         "for now. Please try again later."
     )
 
 
-class TooManyWorkers(DomainError):
-    code = "TooManyWorkers"
-    status = 403
+class TooManyWorkers(DomainError, code="TooManyWorkers", status=403):
     default_message = "This account runs as many workers as it may."
 
     def __init__(self, allowed: int) -> None:
@@ -378,9 +314,7 @@ class TooManyWorkers(DomainError):
         )
 
 
-class TimeoutIP(DomainError):
-    code = "TimeoutIP"
-    status = 403
+class TimeoutIP(DomainError, code="TimeoutIP", status=403):
     default_message = (
         "Due to abuse prevention, your IP address has been put into timeout. Please try again "
         "later, or contact a moderator if you think this was an error."
@@ -397,35 +331,27 @@ class TimeoutIP(DomainError):
         self.retry_after = seconds
 
 
-class TooManySameIPs(DomainError):
-    code = "TooManySameIPs"
-    status = 403
+class TooManySameIPs(DomainError, code="TooManySameIPs", status=403):
     default_message = (
         "You are running too many workers from the same location. To prevent abuse, please ask a "
         "moderator to allow more workers from this address."
     )
 
 
-class AccountSuspended(DomainError):
-    code = "AccountSuspended"
-    status = 403
+class AccountSuspended(DomainError, code="AccountSuspended", status=403):
     default_message = "This account has been suspended by a moderator."
 
     def __init__(self, reason: str = "") -> None:
         super().__init__(f"This account has been suspended by a moderator: {reason}" if reason else None)
 
 
-class NotModerator(DomainError):
-    code = "NotModerator"
-    status = 403
+class NotModerator(DomainError, code="NotModerator", status=403):
     default_message = "Only a moderator may change this."
 
 
-class NoValidActions(DomainError):
-    code = "NoWorkerModSelected"
+class NoValidActions(DomainError, code="NoWorkerModSelected", status=400):
     default_message = "No worker modification selected!"
 
 
-class WorkerNameAlreadyExists(DomainError):
-    code = "WorkerNameAlreadyExists"
+class WorkerNameAlreadyExists(DomainError, code="WorkerNameAlreadyExists", status=400):
     default_message = "A worker with this name already exists."

@@ -1,26 +1,22 @@
 """Settings for hordeops, every one read from an environment variable.
 
 The names and defaults of the horde's own rules are listed in docs/reference/settings.md.
-Nothing outside this module and its helpers (`hordeops.env`) reads the environment.
+Nothing outside this module, `hordeops.settings_connections` (where PostgreSQL and Redis are)
+and their helpers (`hordeops.env`) reads the environment.
 """
 
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import dj_database_url
 from celery.schedules import schedule
-from django.core.exceptions import ImproperlyConfigured
 
 from hordeops.env import (
     env_bool,
     env_deadline_max_ms,
     env_float,
     env_gc_thresholds,
-    env_host_ports,
     env_int,
     env_list,
     env_networks,
-    env_never_or_int,
     env_optional_int,
     env_proxy_ssl_header,
     env_route_limits,
@@ -28,70 +24,10 @@ from hordeops.env import (
     env_str,
 )
 
+# DATABASE_URL, REDIS_URL and Sentinel, DATABASES, CACHES, CELERY_BROKER_URL and the pool's bounds.
+from hordeops.settings_connections import *  # noqa: F403
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-
-# The longest any request waits for a pooled connection: an outage answers 503 this soon.
-DATABASE_POOL_WAIT_SECONDS = env_float("DATABASE_POOL_WAIT_SECONDS", 2.0)
-
-
-# How often a web process that follows open chat requests checks that PostgreSQL answers
-# (jobs/relay.py): with the database gone, their streams end with an error event this soon.
-DATABASE_WATCH_SECONDS = env_float("DATABASE_WATCH_SECONDS", 1.0)
-
-
-# How many runs of a statement on one connection before psycopg prepares it; empty: never (for
-# PgBouncer in transaction mode: docs/reference/operations.md, "Running on several machines").
-DATABASE_PREPARE_THRESHOLD = env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5)
-
-
-def database_from_url(url: str) -> dict:
-    """The database of a postgres:// URL, read by dj-database-url: the libpq parameters of its
-    query string (`sslmode`, ...) are kept beside the backend, pool and statement settings."""
-    if urlsplit(url).scheme not in {"postgres", "postgresql"}:
-        raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
-    parsed = dj_database_url.parse(url, engine="hordeops.db")
-    given = parsed.get("OPTIONS", {})
-    return {
-        # Django's PostgreSQL backend, its pool's wait bounded per request (hordeops/dbwait.py)
-        # and each connection checked as it is handed out, so that after a PostgreSQL restart
-        # no request gets one the restart closed (hordeops/db/base.py).
-        "ENGINE": "hordeops.db",
-        "NAME": parsed["NAME"] or "hordeops",
-        "USER": parsed["USER"] or "postgres",
-        "PASSWORD": parsed["PASSWORD"] or "",
-        "HOST": parsed["HOST"] or "127.0.0.1",
-        "PORT": str(parsed["PORT"] or 5432),
-        # Under ASGI each request's sync code may run on a thread of its own, so persistent
-        # per-thread connections would pile up; a process-wide pool reuses them instead.
-        "CONN_MAX_AGE": 0,
-        "OPTIONS": {
-            **given,
-            "connect_timeout": int(given.get("connect_timeout", 5)),
-            # JIT would compile the pop on every call (its cost estimate, inflated by the speed
-            # gate's NOT EXISTS, crosses jit_above_cost), which costs far more than running it.
-            "options": " ".join(filter(None, (given.get("options"), "-c jit=off"))),
-            # Parameters travel apart from the SQL, and psycopg prepares a statement that a
-            # connection runs a fifth time (the hot routes'), so that PostgreSQL parses it once
-            # and then reuses a generic plan where it is as good as planning each call (the
-            # pop's is, thanks to its plan hint: see jobs.sql.pop). Behind a pooler in
-            # transaction mode (PgBouncer before 1.21) a statement prepared on one server
-            # connection is missing on the next: DATABASE_PREPARE_THRESHOLD empty prepares none.
-            "server_side_binding": True,
-            "prepare_threshold": DATABASE_PREPARE_THRESHOLD,
-            "pool": {
-                "min_size": env_int("DATABASE_POOL_MIN_SIZE", 2),
-                "max_size": env_int("DATABASE_POOL_MAX_SIZE", 20),
-                # hordeops.db passes each wait's own bound; this is the same setting's.
-                "timeout": DATABASE_POOL_WAIT_SECONDS,
-                # A failed connection attempt is retried with a doubling delay for this long,
-                # then dropped, and the next request that needs a connection starts afresh:
-                # without it the pool was still backing off (1, 2, 4, 8 s...) long after
-                # PostgreSQL came back, and answered 503 meanwhile.
-                "reconnect_timeout": DATABASE_POOL_WAIT_SECONDS,
-            },
-        },
-        "TEST": {"NAME": env_str("TEST_DATABASE_NAME", "test_hordeops")},
-    }
 
 
 # --- The horde's rules (docs/reference/settings.md) ------------------------------------
@@ -149,13 +85,6 @@ ADMIN_LOGIN_FAILURES_PER_ADDRESS = env_int("ADMIN_LOGIN_FAILURES_PER_ADDRESS", 2
 ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 # Proxies whose X-Forwarded-For names the client (empty: the connection's peer is the client).
 TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
-DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
-# Redis Sentinel: where the sentinels answer, and the name they monitor the primary by. Set, every
-# Redis client of the project asks them for the primary (its database: REDIS_URL's number).
-REDIS_SENTINELS = env_host_ports("REDIS_SENTINELS")
-REDIS_SENTINEL_SERVICE = env_str("REDIS_SENTINEL_SERVICE", "mymaster")
-REDIS_DB = int(urlsplit(REDIS_URL).path.strip("/") or 0)
 # A count made on every pop reaches Redis within this many seconds (0: at once): hordeops/metrics.py.
 METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 1.0)
 
@@ -320,36 +249,7 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": database_from_url(DATABASE_URL)}
-# A streaming replica of it: the reads a route allows there (hordeops/replica.py) go to it.
-DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL", "")
-if DATABASE_REPLICA_URL:
-    # Tests read the primary under this name too: a replica cannot hold a test database.
-    DATABASES["replica"] = {**database_from_url(DATABASE_REPLICA_URL), "TEST": {"MIRROR": "default"}}
-DATABASE_ROUTERS = ["hordeops.replica.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-
-CACHES = {
-    "default": {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
-        "OPTIONS": {
-            "SOCKET_CONNECT_TIMEOUT": 2,
-            "SOCKET_TIMEOUT": 2,
-        },
-    }
-}
-
-if REDIS_SENTINELS:
-    # django-redis' own Sentinel support: a pool that asks the sentinels for the primary and
-    # asks again when it fails over.
-    DJANGO_REDIS_CONNECTION_FACTORY = "django_redis.pool.SentinelConnectionFactory"
-    CACHES["default"]["LOCATION"] = f"redis://{REDIS_SENTINEL_SERVICE}/{REDIS_DB}"
-    CACHES["default"]["OPTIONS"] |= {
-        "CLIENT_CLASS": "django_redis.client.SentinelClient",
-        "SENTINELS": REDIS_SENTINELS,
-        "SENTINEL_KWARGS": {"socket_timeout": 2},
-    }
 
 # Bodies over 1 MiB are refused with 413 while they are read (docs/reference/horde_api.md).
 MAX_REQUEST_BODY_BYTES = 1024 * 1024
@@ -362,7 +262,7 @@ REQUEST_BODY_SECONDS = env_int("REQUEST_BODY_SECONDS", 30)
 REQUEST_HEAD_SECONDS = env_float("REQUEST_HEAD_SECONDS", 10.0)
 REQUEST_HEAD_MAX_BYTES = env_int("REQUEST_HEAD_MAX_BYTES", 32 * 1024)
 # A chat stream whose requester takes none of its bytes for this long, or whose undelivered
-# events pass this many bytes in the web process, ends and its request is cancelled (jobs/relay.py,
+# events pass this many bytes in the web process, ends and its request is cancelled (jobs/relay_hub.py,
 # hordeops/asgi.py): a requester that stops reading cannot hold a socket and memory past its job.
 STREAM_SEND_TIMEOUT_SECONDS = env_float("STREAM_SEND_TIMEOUT_SECONDS", 30.0)
 STREAM_QUEUE_MAX_BYTES = env_int("STREAM_QUEUE_MAX_BYTES", 1024 * 1024)
@@ -413,11 +313,6 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Celery (Redis broker, one beat) ----------------------------------------------------
-CELERY_BROKER_URL = REDIS_URL
-if REDIS_SENTINELS:
-    # kombu's sentinel transport: each sentinel a URL, the primary found by its name.
-    CELERY_BROKER_URL = ";".join(f"sentinel://{host}:{port}/{REDIS_DB}" for host, port in REDIS_SENTINELS)
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"master_name": REDIS_SENTINEL_SERVICE}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

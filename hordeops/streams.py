@@ -1,6 +1,6 @@
 """What a chat stream's follower and the ASGI handler sending it share (neither imports the other).
 
-A follower whose requester is too far behind (`jobs/relay.py`, STREAM_QUEUE_MAX_BYTES) calls
+A follower whose requester is too far behind (`jobs/relay_hub.py`, STREAM_QUEUE_MAX_BYTES) calls
 `Stall.stall`: a send blocked on the requester's full connection is woken at once, rather than
 at STREAM_SEND_TIMEOUT_SECONDS, and the stream ends (`hordeops/asgi.py` `send_response`).
 """

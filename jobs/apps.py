@@ -8,13 +8,13 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from hordeops import api, metrics, stopping
         from jobs import metrics as queue_metrics
-        from jobs import relay
+        from jobs import relay_hub
         from jobs.protocols import protocol_for_path
 
         metrics.register()
         queue_metrics.register()
         # A web process that stops ends its open chat streams with their error event first.
-        stopping.on_stop(relay.stop_following)
+        stopping.on_stop(relay_hub.stop_following)
         # The /v1 routes answer errors in their protocol's shape, wherever the error is raised
         # (the body limits, the rate limits, a 404 under /v1/).
         api.register_error_shape("/v1/", lambda path, err: protocol_for_path(path).error_response(err))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from uuid import UUID
 
 from hordeops import asyncdb, errors
-from jobs import relay, services
+from jobs import relay, relay_hub, services
 from jobs.models import Ending
 
 
@@ -41,7 +41,7 @@ class Follower:
         self.request_id = request_id
         self.stream = stream
         self.generation: str | None = None  # the generation the stream is committed to
-        self._events: AsyncIterator[relay.Event] = relay.events(request_id, on_stall)
+        self._events: AsyncIterator[relay.Event] = relay_hub.events(request_id, on_stall)
         self._held: dict[str, list[str]] = {}  # white space read in preflight, per generation
 
     async def next_output(self) -> Output:

@@ -4,7 +4,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from hordeops.settings import database_from_url
+from hordeops.settings_connections import database_from_url
 
 
 def test_connections_run_without_jit(db):

@@ -1,4 +1,4 @@
-"""`jobs.relay`: every followed request of a process rides one pub/sub connection to Redis.
+"""`jobs.relay_hub`: every followed request of a process rides one pub/sub connection to Redis.
 
 The hub is driven directly on an event loop of the test, against the real Redis; events are
 published as the web routes publish them (`relay.publish`, and the lease script through
@@ -15,7 +15,7 @@ import redis.exceptions
 from django_redis import get_redis_connection
 
 from hordeops import errors
-from jobs import relay
+from jobs import relay, relay_hub
 
 WAIT_SECONDS = 10
 
@@ -25,7 +25,7 @@ def _hub_clients() -> list[dict]:
     database, and are not counted."""
     client = get_redis_connection("default")
     db = str(client.connection_pool.connection_kwargs.get("db", 0))
-    return [c for c in client.client_list() if c["name"] == relay.HUB_CLIENT_NAME and c["db"] == db]
+    return [c for c in client.client_list() if c["name"] == relay_hub.HUB_CLIENT_NAME and c["db"] == db]
 
 
 async def _next(events: AsyncIterator[relay.Event]) -> relay.Event:
@@ -34,7 +34,7 @@ async def _next(events: AsyncIterator[relay.Event]) -> relay.Event:
 
 async def _settle() -> None:
     """Let the hubs' own tasks (unsubscribe, close) finish, so that the loop ends with none open."""
-    hubs = list(relay._hubs.values())
+    hubs = list(relay_hub._hubs.values())
     for _ in range(250):
         if all(not hub._chores and (hub._listener is None or hub._listener.done()) for hub in hubs):
             return
@@ -46,7 +46,7 @@ def test_one_connection_carries_the_events_of_many_followed_requests_each_to_its
     requests = [uuid.uuid4() for _ in range(50)]
 
     async def follow_all() -> None:
-        followers = [relay.events(request_id) for request_id in requests]
+        followers = [relay_hub.events(request_id) for request_id in requests]
         first = [asyncio.ensure_future(_next(events)) for events in followers]
         await asyncio.sleep(0.2)  # every follower subscribed and waiting
         assert len(_hub_clients()) == 1
@@ -60,7 +60,7 @@ def test_one_connection_carries_the_events_of_many_followed_requests_each_to_its
         await _settle()
 
     asyncio.run(follow_all())
-    assert not relay._hubs
+    assert not relay_hub._hubs
     assert _hub_clients() == []  # the last follower gone, the hub closed its connection
 
 
@@ -70,7 +70,7 @@ def test_a_follower_reads_the_backlog_then_live_events_with_no_gap_and_no_repeat
         relay.publish(request_id, "delta", "g", text=str(seq), seq=seq)
 
     async def follow() -> list[str]:
-        events = relay.events(request_id)
+        events = relay_hub.events(request_id)
         seen = [(await _next(events)).text for _ in range(3)]
         for seq in (4, 5):
             relay.publish(request_id, "delta", "g", text=str(seq), seq=seq)
@@ -103,7 +103,7 @@ def test_followers_that_join_while_events_pour_in_see_every_event_once_in_order(
             for _ in range(8):  # one joins every few milliseconds, as events keep coming
                 await asyncio.sleep(0.005)
                 seen.append([])
-                asyncio.ensure_future(_collect(relay.events(request_id), seen[-1], total))
+                asyncio.ensure_future(_collect(relay_hub.events(request_id), seen[-1], total))
             await asyncio.to_thread(publisher.join, WAIT_SECONDS)
             for _ in range(200):
                 if all(len(s) == total for s in seen):
@@ -132,16 +132,16 @@ def test_a_request_followed_again_just_after_its_last_follower_left_still_gets_i
     others = [uuid.uuid4() for _ in range(3)]
 
     async def leave_and_return() -> str:
-        keep = [relay.events(other) for other in others]  # the hub stays open meanwhile
+        keep = [relay_hub.events(other) for other in others]  # the hub stays open meanwhile
         pending = [asyncio.ensure_future(_next(events)) for events in keep]
         for _ in range(20):
-            events = relay.events(request_id)
+            events = relay_hub.events(request_id)
             waiting = asyncio.ensure_future(_next(events))
             await asyncio.sleep(0)
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
             await events.aclose()
-        events = relay.events(request_id)
+        events = relay_hub.events(request_id)
         waiting = asyncio.ensure_future(_next(events))
         await asyncio.sleep(0.1)
         relay.publish(request_id, "delta", "g", text="still here", seq=1)
@@ -156,14 +156,14 @@ def test_a_request_followed_again_just_after_its_last_follower_left_still_gets_i
         return text
 
     assert asyncio.run(leave_and_return()) == "still here"
-    assert not relay._hubs
+    assert not relay_hub._hubs
 
 
 def test_a_lost_connection_ends_every_follower_with_a_redis_error_and_the_next_follower_reconnects():
     requests = [uuid.uuid4() for _ in range(3)]
 
     async def lose_connection() -> str:
-        followers = [relay.events(request_id) for request_id in requests]
+        followers = [relay_hub.events(request_id) for request_id in requests]
         pending = [asyncio.ensure_future(_next(events)) for events in followers]
         await asyncio.sleep(0.2)
         [hub_client] = _hub_clients()
@@ -175,7 +175,7 @@ def test_a_lost_connection_ends_every_follower_with_a_redis_error_and_the_next_f
             await events.aclose()
 
         again = uuid.uuid4()
-        events = relay.events(again)
+        events = relay_hub.events(again)
         waiting = asyncio.ensure_future(_next(events))
         await asyncio.sleep(0.1)
         relay.publish(again, "delta", "g", text="after the outage", seq=1)
@@ -213,20 +213,20 @@ def test_a_publish_is_one_round_trip_with_no_script_check():
 
 
 def test_a_stopping_process_fails_its_followers_and_takes_no_new_one(monkeypatch):
-    monkeypatch.setattr(relay, "_stopping", False)  # put back for the tests after this one
+    monkeypatch.setattr(relay_hub, "_stopping", False)  # put back for the tests after this one
     request_id = uuid.uuid4()
     relay.publish(request_id, "delta", "g", text="before", seq=1)
 
     async def stop_while_following() -> tuple[str, type, type]:
-        events = relay.events(request_id)
+        events = relay_hub.events(request_id)
         first = (await _next(events)).text
         waiting = asyncio.ensure_future(_next(events))
         await asyncio.sleep(0.1)
-        await relay.stop_following()
+        await relay_hub.stop_following()
         with pytest.raises(errors.ServerStopping) as followed:
             await waiting
         with pytest.raises(errors.ServerStopping) as newcomer:
-            await _next(relay.events(uuid.uuid4()))
+            await _next(relay_hub.events(uuid.uuid4()))
         await _settle()
         return first, followed.type, newcomer.type
 

@@ -1,6 +1,6 @@
 """A chat request whose follower is gone (its web process died) is cancelled, not served to no one.
 
-The follower is the real one (`jobs.relay.events` on an event loop of the test's, against the
+The follower is the real one (`jobs.relay_hub.events` on an event loop of the test's, against the
 real Redis); its web process dying is its Redis connection being dropped (CLIENT KILL), as the
 kernel drops a killed process's sockets.
 """
@@ -14,7 +14,7 @@ from uuid import UUID
 import pytest
 from django_redis import get_redis_connection
 
-from jobs import relay
+from jobs import relay, relay_hub
 from jobs.models import Ending, Generation, TextRequest
 from jobs.services import abort_stale_generations
 from kudos import ledger
@@ -31,7 +31,7 @@ def _until(check, message: str) -> None:
 
 
 class Following:
-    """`relay.events` for one request, on an event loop of its own in a thread: as a web
+    """`relay_hub.events` for one request, on an event loop of its own in a thread: as a web
     process follows a request for its requester."""
 
     def __init__(self, request_id: UUID) -> None:
@@ -39,7 +39,7 @@ class Following:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.events = relay.events(request_id)
+        self.events = relay_hub.events(request_id)
         self.waiting = asyncio.run_coroutine_threadsafe(self._next(), self.loop)
 
     async def _next(self) -> relay.Event:
@@ -55,8 +55,8 @@ class Following:
     def wait_followed(self) -> "Following":
         _until(lambda: self.marked() and self.subscribers() == 1, "the follower did not subscribe")
 
-        async def hub() -> relay._Hub:
-            return relay._hubs[asyncio.get_running_loop()]
+        async def hub() -> relay_hub._Hub:
+            return relay_hub._hubs[asyncio.get_running_loop()]
 
         self.hub = asyncio.run_coroutine_threadsafe(hub(), self.loop).result(WAIT_SECONDS)
         return self
@@ -65,7 +65,7 @@ class Following:
         """Its process's connection to Redis is dropped, as when the process is killed."""
         client = get_redis_connection("default")
         db = str(client.connection_pool.connection_kwargs.get("db", 0))
-        hubs = [c for c in client.client_list() if c["name"] == relay.HUB_CLIENT_NAME and c["db"] == db]
+        hubs = [c for c in client.client_list() if c["name"] == relay_hub.HUB_CLIENT_NAME and c["db"] == db]
         assert hubs, "no relay hub connection"
         for hub in hubs:
             client.client_kill_filter(_id=hub["id"])
