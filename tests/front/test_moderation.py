@@ -38,6 +38,7 @@ def test_a_suspension_marks_the_account_then_cancels_its_open_requests():
             trusted_workers=False,
             slow_workers=True,
             dry_run=False,
+            address="",
         ).request
         for owner in (account, account, other)
     ]
