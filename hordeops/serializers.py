@@ -185,6 +185,17 @@ def _own_validators(field: fields.Field, allowed: tuple[type, ...]) -> None:
         raise _Fallback(field)
 
 
+def _passing(test):
+    """The check of a value DRF takes as it is: the value where `test` holds, else _Fallback."""
+
+    def check(value):
+        if not test(value):
+            raise _Fallback
+        return value
+
+    return check
+
+
 def _check_for(field: fields.Field):
     """The one-pass check of one field's present, non-null value: the value as DRF would
     validate it, or _Fallback. Raises _Fallback at build time for a field it does not know."""
@@ -217,21 +228,10 @@ def _check_for(field: fields.Field):
         lo = -_MAX_QUICK_INT if field.min_value is None else max(field.min_value, -_MAX_QUICK_INT)
         hi = _MAX_QUICK_INT if field.max_value is None else min(field.max_value, _MAX_QUICK_INT)
 
-        def check_int(value):
-            if type(value) is not int or not lo <= value <= hi:
-                raise _Fallback
-            return value
-
-        return check_int
+        return _passing(lambda value: type(value) is int and lo <= value <= hi)
     if kind is StrictBooleanField:
         _own_validators(field, ())
-
-        def check_bool(value):
-            if type(value) is not bool:
-                raise _Fallback
-            return value
-
-        return check_bool
+        return _passing(lambda value: type(value) is bool)
     if kind is StrictUUIDField:
         _own_validators(field, ())
 
