@@ -10,8 +10,8 @@ Instructions per call, steadier than CPU time on a busy machine (one phase, inst
         .venv/bin/python bench/route_inproc.py --callgrind --phases submit --calls 100 --queued 600
     grep -E '^(summary|totals):' /tmp/cg.out    # / 100
 
-`bench/studies/route_cpu.py` reads a gunicorn worker's CPU from /proc, in clock ticks, with the HTTP
-server's share in it. This calls `hordeops.asgi.application` directly, as uvicorn would, and
+`bench/http_routes.py` reads the gunicorn workers' CPU from /proc, in clock ticks, with the
+HTTP server's share in it. This calls `hordeops.asgi.application` directly, as uvicorn would, and
 runs the sync view inline on the calling thread (the ASGI handler's thread pool swapped for an
 inline executor), so `time.process_time()` around the calls is the application's own CPU per
 request, steady to a few percent: the figure to compare a change to the hot routes by, run
