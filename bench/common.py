@@ -9,6 +9,7 @@ DATABASE_URL and REDIS_URL name (their defaults, as `bin/stack`'s, when unset).
 """
 
 import asyncio
+import atexit
 import http.client
 import os
 import socket
@@ -160,7 +161,9 @@ def celery_commands(schedule: Path) -> dict[str, list[str]]:
 
 
 def terminate(processes: list[subprocess.Popen], *, timeout: float = 30) -> None:
-    """End the processes this bench started (by their pids, never by name) and wait for them."""
+    """End the processes this bench started (by their pids, never by name) and wait for them.
+    Those `start_web` and `start_stack` start are also ended at exit, should the script fail
+    before it ends them."""
     for process in processes:
         if process.poll() is None:
             process.terminate()
@@ -177,6 +180,7 @@ def start_web(
         web_command(f"127.0.0.1:{port}", web_workers, root),
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
     )  # fmt: skip
+    atexit.register(terminate, [server])
     if not wait_for_heartbeat(port):
         terminate([server])
         raise RuntimeError("gunicorn did not come up")
@@ -205,6 +209,7 @@ def start_stack(
         subprocess.Popen(command, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT)
         for name, command in celery_commands(rundir / "beat-schedule").items()
     ]
+    atexit.register(terminate, celery)
     try:
         web = start_web(port, web_workers, env, log=logs["web"])
     except RuntimeError:
