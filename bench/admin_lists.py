@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, prepare_database  # noqa: E402
+from bench.common import bench_env, setup_django  # noqa: E402
 
 DATABASE = "hordeops_bench_admin"
 os.environ.update(bench_env(DATABASE, 12))
@@ -85,7 +85,10 @@ def _moderator_client():
 
     user, _ = User.objects.get_or_create(username="bench-moderator", defaults={"is_staff": True})
     user.groups.add(grant_moderators(Group, Permission))
-    client = Client()
+    from django.conf import settings
+
+    # Outside a test run, the test client's "testserver" is a host this horde does not serve.
+    client = Client(HTTP_HOST=settings.ALLOWED_HOSTS[0])
     client.force_login(user)
     return client
 
@@ -116,10 +119,7 @@ def main() -> None:
     parser.add_argument("--renders", type=int, default=5)
     args = parser.parse_args()
 
-    prepare_database(DATABASE)
-    import django
-
-    django.setup()
+    setup_django(DATABASE)
     started = time.perf_counter()
     rows = _fill(workers=args.workers, generations=args.generations)
     fill_seconds = round(time.perf_counter() - started, 1)

@@ -56,6 +56,7 @@ from bench.common import (  # noqa: E402
     prepare_database,
     python_loop_seconds,
     start_stack,
+    terminate,
 )
 from tests.bridge.engine import ENGINE_PYTHON, Engine, write_model  # noqa: E402
 
@@ -338,15 +339,10 @@ def main() -> None:
         note(f"--- the bridge's log ---\n{(rundir / 'bridge.log').read_text()[-3000:]}")
         raise
     finally:
-        if bridge is not None:
-            bridge.terminate()
-            bridge.wait(timeout=40)
+        terminate([bridge] if bridge else [], timeout=40)
         proxy.stop()
         engine.stop()
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+        terminate(processes)
         shutil.rmtree(rundir, ignore_errors=True)
 
 

@@ -53,7 +53,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import VENV  # noqa: E402
+from bench.common import VENV, celery_commands, web_command  # noqa: E402
 from bench.fleet import SETTINGS as FLEET_SETTINGS  # noqa: E402
 from tests.live import (  # noqa: E402
     SENTINEL_SERVICE,
@@ -231,19 +231,9 @@ class Cluster:
 
     def web(self) -> None:
         for host in ("web1", "web2"):
-            gunicorn = [str(VENV / "gunicorn"), "hordeops.asgi:application",
-                        "-k", "hordeops.web_worker.QuietUvicornWorker", "-w", "2",
-                        "-b", f"{ip(host)}:8000", "--log-level", "warning", "--keep-alive", "75",
-                        "--forwarded-allow-ips", ""]  # fmt: skip
-            self.start(host, in_ns(host, *gunicorn), env=self.env)
-        python = str(VENV / "python")
-        celery = [python, "-m", "celery", "-A", "hordeops"]
-        worker = [*celery, "worker", "--pool=solo", "--loglevel=WARNING"]
-        self.start(
-            "celery", [*worker, "--without-heartbeat", "--without-gossip", "--without-mingle"], env=self.env
-        )
-        schedule = f"--schedule={self.workdir / 'beat-schedule'}"
-        self.start("beat", [*celery, "beat", "--loglevel=WARNING", schedule], env=self.env)
+            self.start(host, in_ns(host, *web_command(f"{ip(host)}:8000", 2)), env=self.env)
+        for name, command in celery_commands(self.workdir / "beat-schedule").items():
+            self.start(name, command, env=self.env)
         for host in ("web1", "web2"):
             deadline = time.monotonic() + 60
             while not answers_heartbeat(f"http://{ip(host)}:8000"):

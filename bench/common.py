@@ -1,4 +1,6 @@
-"""What the benchmarks share: their databases, the stack they start, the figures they print.
+"""What the benchmarks share: their databases, the servers they start and end (`start_web`,
+`serving`, `start_stack`, `terminate`), the CPU they read from /proc (`CpuClock`), the figures
+they print: each script keeps only its question and its figures.
 
 `bench/` imports the product (to fill tables and call services in-process); the product
 never imports `bench/`. Each benchmark has a database and a Redis database of its own, so
@@ -7,12 +9,15 @@ DATABASE_URL and REDIS_URL name (their defaults, as `bin/stack`'s, when unset).
 """
 
 import asyncio
+import atexit
 import http.client
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -122,48 +127,109 @@ def wait_for_heartbeat(port: int, *, timeout: float = 60) -> bool:
     return False
 
 
-def start_web(port: int, web_workers: int, env: dict[str, str], *, log=None) -> subprocess.Popen:
-    """gunicorn with `web_workers` uvicorn workers on `port`, as `bin/stack` runs it (`bin/web`:
-    no proxy trusted, every client is its peer; idle connections kept 75 s), once its heartbeat
-    answers."""
+# --- the servers a bench starts, and stops: only those, by pid ------------------------------
+
+
+def web_worker_class(root: Path = ROOT) -> str:
+    """`bin/web`'s worker class in the checkout `root`; uvicorn's own in one older than it."""
+    if (root / "hordeops" / "web_worker.py").exists():
+        return "hordeops.web_worker.QuietUvicornWorker"
+    return "uvicorn.workers.UvicornWorker"
+
+
+def web_server(web_workers: int, root: Path = ROOT) -> str:
+    """The web server as a bench's figures name it."""
+    return f"gunicorn -k {web_worker_class(root)} -w {web_workers}"
+
+
+def web_command(bind: str, web_workers: int, root: Path = ROOT) -> list[str]:
+    """gunicorn as `bin/web` runs it: no proxy trusted, every client is its peer; idle
+    connections kept 75 s."""
+    return [str(root / ".venv" / "bin" / "gunicorn"), "hordeops.asgi:application",
+            "-k", web_worker_class(root), "-w", str(web_workers), "-b", bind,
+            "--log-level", "warning", "--forwarded-allow-ips", "", "--keep-alive", "75"]  # fmt: skip
+
+
+def celery_commands(schedule: Path) -> dict[str, list[str]]:
+    """A Celery worker and beat (the stale pass's clock), as `bin/stack` runs them."""
+    celery = [str(VENV / "python"), "-m", "celery", "-A", "hordeops"]
+    return {
+        "celery": [*celery, "worker", "--pool=solo", "--loglevel=WARNING",
+                   "--without-heartbeat", "--without-gossip", "--without-mingle"],
+        "beat": [*celery, "beat", "--loglevel=WARNING", f"--schedule={schedule}"],
+    }  # fmt: skip
+
+
+def terminate(processes: list[subprocess.Popen], *, timeout: float = 30) -> None:
+    """End the processes this bench started (by their pids, never by name) and wait for them.
+    Those `start_web` and `start_stack` start are also ended at exit, should the script fail
+    before it ends them."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        process.wait(timeout=timeout)
+
+
+def start_web(
+    port: int, web_workers: int, env: dict[str, str], *, root: Path = ROOT, log=None
+) -> subprocess.Popen:
+    """gunicorn with `web_workers` uvicorn workers of the checkout `root` on `port`, as
+    `bin/stack` runs it, once its heartbeat answers."""
     server = subprocess.Popen(
-        [str(VENV / "gunicorn"), "hordeops.asgi:application", "-k", "hordeops.web_worker.QuietUvicornWorker",
-         "-w", str(web_workers), "-b", f"127.0.0.1:{port}", "--log-level", "warning",
-         "--forwarded-allow-ips", "", "--keep-alive", "75"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
+        web_command(f"127.0.0.1:{port}", web_workers, root),
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
     )  # fmt: skip
+    atexit.register(terminate, [server])
     if not wait_for_heartbeat(port):
-        server.terminate()
+        terminate([server])
         raise RuntimeError("gunicorn did not come up")
     return server
+
+
+@contextmanager
+def serving(
+    port: int, web_workers: int, env: dict[str, str], *, root: Path = ROOT
+) -> Iterator[subprocess.Popen]:
+    """`start_web`'s server for the time of the block, stopped however the block ends."""
+    server = start_web(port, web_workers, env, root=root)
+    try:
+        yield server
+    finally:
+        terminate([server])
 
 
 def start_stack(
     port: int, rundir: Path, env: dict[str, str], *, web_workers: int = 3
 ) -> list[subprocess.Popen]:
     """The whole stack, as `bin/stack` runs it: the web app, a Celery worker and beat (its
-    stale pass), each logging to `rundir`."""
-    python = str(VENV / "python")
+    stale pass), each logging to `rundir`. End it with `terminate`."""
     logs = {name: open(rundir / f"{name}.log", "w") for name in ("web", "celery", "beat")}  # noqa: SIM115
     celery = [
-        subprocess.Popen(
-            [python, "-m", "celery", "-A", "hordeops", "worker", "--pool=solo", "--loglevel=WARNING",
-             "--without-heartbeat", "--without-gossip", "--without-mingle"],
-            cwd=ROOT, env=env, stdout=logs["celery"], stderr=subprocess.STDOUT,
-        ),
-        subprocess.Popen(
-            [python, "-m", "celery", "-A", "hordeops", "beat", "--loglevel=WARNING",
-             f"--schedule={rundir / 'beat-schedule'}"],
-            cwd=ROOT, env=env, stdout=logs["beat"], stderr=subprocess.STDOUT,
-        ),
-    ]  # fmt: skip
+        subprocess.Popen(command, cwd=ROOT, env=env, stdout=logs[name], stderr=subprocess.STDOUT)
+        for name, command in celery_commands(rundir / "beat-schedule").items()
+    ]
+    atexit.register(terminate, celery)
     try:
         web = start_web(port, web_workers, env, log=logs["web"])
     except RuntimeError:
-        for process in celery:
-            process.terminate()
+        terminate(celery)
         raise RuntimeError("the stack did not come up") from None
     return [web, *celery]
+
+
+def setup_django(name: str, env: dict[str, str] | None = None) -> None:
+    """The bench's database ready (`prepare_database`), this process set on it and on `env`
+    (its servers' environment), and Django set up."""
+    env = env or {**os.environ, "DATABASE_URL": database_url(name)}
+    prepare_database(name, env)
+    os.environ.update(env)
+    import django
+
+    django.setup()
+
+
+# --- CPU, from /proc ------------------------------------------------------------------------
 
 
 def children(pid: int) -> list[int]:
@@ -174,13 +240,14 @@ def children(pid: int) -> list[int]:
         return []
 
 
-def postgres_pids() -> list[int]:
-    """Every PostgreSQL process on the machine: the server, its backends and helpers."""
+def processes_named(name: str) -> list[int]:
+    """Every process on the machine whose command is `name` ("postgres": the server, its
+    backends and helpers), to read their CPU: never to end them."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "postgres":
+                if (entry / "comm").read_text().strip() == name:
                     found.append(int(entry.name))
             except OSError:
                 pass
@@ -198,6 +265,26 @@ def cpu_seconds(pids: list[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / ticks
+
+
+class CpuClock:
+    """The CPU seconds each group of processes spends from the clock's start, and the wall time."""
+
+    def __init__(self, **groups: list[int]) -> None:
+        self.groups = groups
+        self._before = {name: cpu_seconds(pids) for name, pids in groups.items()}
+        self._started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def spent(self, **joined: list[int]) -> dict[str, float]:
+        """CPU seconds by group so far; `joined` adds the processes a group gained meanwhile
+        (PostgreSQL backends opened during the run), their whole CPU counted."""
+        return {
+            name: cpu_seconds(sorted(set(pids) | set(joined.get(name, [])))) - self._before[name]
+            for name, pids in self.groups.items()
+        }
 
 
 def python_loop_seconds() -> float:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, percentile, prepare_database, python_loop_seconds  # noqa: E402
+from bench.common import bench_env, percentile, python_loop_seconds, setup_django  # noqa: E402
 
 DB_NAME = "hordeops_bench_flat"
 os.environ.update(bench_env(DB_NAME, 13))
@@ -242,10 +242,7 @@ def main() -> None:
     KUDOS_PRIORITIES = args.kudos
     sizes = [tuple(int(x) for x in size.split(":")) for size in args.sizes.split(",")]
 
-    prepare_database(DB_NAME)
-    import django
-
-    django.setup()
+    setup_django(DB_NAME)
     from django.db import connection
 
     with connection.cursor() as cursor:

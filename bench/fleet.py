@@ -58,7 +58,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, ledger_checks, prepare_database, reset_tables, start_stack  # noqa: E402
+from bench.common import (  # noqa: E402
+    bench_env,
+    ledger_checks,
+    reset_tables,
+    setup_django,
+    start_stack,
+    terminate,
+)
 
 DB_NAME = "hordeops_bench_fleet"
 MODEL = "fleet-model"
@@ -327,11 +334,7 @@ def _start_stack(port: int, rundir: Path, overrides: dict[str, str] | None = Non
 
 
 def _prepare(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    prepare_database(DB_NAME, _env(overrides))
-    os.environ.update(_env(overrides))
-    import django
-
-    django.setup()
+    setup_django(DB_NAME, _env(overrides))
     from workers.services import create_account
 
     reset_tables()
@@ -578,10 +581,7 @@ def main() -> None:
     report["kudos"] = ledger_checks()
     if outages:
         report["outages"] = _outage_report(outages, requests_sent)
-    for process in stack:
-        process.terminate()
-    for process in stack:
-        process.wait(timeout=30)
+    terminate(stack)
     if servers:
         from django.db import connections
 

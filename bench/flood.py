@@ -39,9 +39,9 @@ from bench.common import (  # noqa: E402
     bench_env,
     free_port,
     percentile,
-    prepare_database,
     reset_tables,
-    start_web,
+    serving,
+    setup_django,
 )
 
 DB_NAME = "hordeops_bench_flood"
@@ -152,18 +152,13 @@ def main() -> None:
     parser.add_argument("--bounds", choices=("on", "off"), default="on")
     args = parser.parse_args()
     env = _env(args.bounds == "on")
-    prepare_database(DB_NAME, env)
-    os.environ.update(env)
-    import django
-
-    django.setup()
+    setup_django(DB_NAME, env)
     keys = _reset()
     from django.db import connection
 
     connection.close()
     port = free_port()
-    server = start_web(port, 2, env)
-    try:
+    with serving(port, 2, env):
         stop = threading.Event()
         heavy, anonymous, light, pops, light_ids = Counter(), Counter(), Counter(), [], []
         owner = Client(port, keys["owner"])
@@ -209,9 +204,6 @@ def main() -> None:
             },
             "waiting_at_end": dict(queued),
         }
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     print(json.dumps(figures, indent=2))
 
 

@@ -42,17 +42,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    CpuClock,
     HTTPConnection,
     children,
-    cpu_seconds,
     database_url,
     empty_redis,
     free_port,
     percentile,
-    postgres_pids,
+    processes_named,
     python_loop_seconds,
     redis_url,
-    wait_for_heartbeat,
+    serving,
+    web_server,
 )
 
 DB_NAME = "hordeops_bench_http"
@@ -82,8 +83,9 @@ def _prepare(root: Path, env: dict[str, str], requester_kudos: int = 0) -> tuple
     the unable requests' account's keys (its own: a requester's queueing counts its requests).
     With `requester_kudos`, the requester is awarded them (else it spends from its floor, and
     the floor forgives each debit: an event more each)."""
-    subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", DB_NAME], check=True)
-    subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", DB_NAME], check=True)
+    server = f"--maintenance-db={database_url('postgres')}"  # DATABASE_URL's server and user
+    subprocess.run(["dropdb", server, "--if-exists", DB_NAME], check=True)
+    subprocess.run(["createdb", server, DB_NAME], check=True)
     python = str(root / ".venv" / "bin" / "python")
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v0"], cwd=root, env=env, check=True)
     empty_redis(REDIS_DB)
@@ -104,26 +106,6 @@ def _prepare(root: Path, env: dict[str, str], requester_kudos: int = 0) -> tuple
             [python, "manage.py", "shell", "-c", award], cwd=root, env=env, check=True, capture_output=True
         )
     return keys[0], keys[1], keys[2]
-
-
-def _worker_class(root: Path) -> str:
-    """`bin/web`'s worker class in `root`; uvicorn's own in a checkout older than it."""
-    if (root / "hordeops" / "web_worker.py").exists():
-        return "hordeops.web_worker.QuietUvicornWorker"
-    return "uvicorn.workers.UvicornWorker"
-
-
-def _start_web(root: Path, env: dict[str, str], port: int, workers: int) -> subprocess.Popen:
-    server = subprocess.Popen(
-        [str(root / ".venv" / "bin" / "gunicorn"), "hordeops.asgi:application",
-         "-k", _worker_class(root), "-w", str(workers), "-b", f"127.0.0.1:{port}",
-         "--log-level", "warning", "--forwarded-allow-ips", "", "--keep-alive", "75"],
-        cwd=root, env=env,
-    )  # fmt: skip
-    if not wait_for_heartbeat(port):
-        server.terminate()
-        raise RuntimeError("gunicorn did not come up")
-    return server
 
 
 class _Client:
@@ -161,7 +143,7 @@ def _pop_body(name: str) -> dict:
 def _analyze() -> None:
     """Table statistics as autovacuum keeps them in service: a database made a second ago has
     none, and the pop's plan then reads the whole queue for every row it walks."""
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", DB_NAME, "-qc", "ANALYZE"], check=True)
+    subprocess.run(["psql", database_url(DB_NAME), "-qc", "ANALYZE"], check=True)
 
 
 def _copy_requests(copies: int, *, max_length: int | None = None) -> None:
@@ -170,7 +152,7 @@ def _copy_requests(copies: int, *, max_length: int | None = None) -> None:
     from the database's own trigger, as for any request."""
     if copies <= 0:
         return
-    psql = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", DB_NAME, "-qAtc"]
+    psql = ["psql", database_url(DB_NAME), "-qAtc"]
     listed = subprocess.run(
         [*psql, "SELECT column_name FROM information_schema.columns WHERE table_name = 'jobs_textrequest'"],
         check=True, capture_output=True, text=True,
@@ -213,15 +195,11 @@ def _phase(name: str, args, port: int, master: int, call) -> dict:
     threads = [threading.Thread(target=run, args=(i,)) for i in range(args.threads)]
     for thread in threads:
         thread.start()
-    web, database = children(master), postgres_pids()
-    web_before, db_before = cpu_seconds(web), cpu_seconds(database)
-    started = time.monotonic()
+    clock = CpuClock(web=children(master), postgres=processes_named("postgres"))
     start.wait()
     for thread in threads:
         thread.join()
-    elapsed = time.monotonic() - started
-    web_ms = (cpu_seconds(web) - web_before) * 1000
-    db_ms = (cpu_seconds(database) - db_before) * 1000
+    elapsed, spent = clock.elapsed(), clock.spent()
     calls = len(latencies)
     print(f"http_routes: {name} {calls} calls", file=sys.stderr)
     return {
@@ -230,8 +208,8 @@ def _phase(name: str, args, port: int, master: int, call) -> dict:
         "p50_ms": round(percentile(latencies, 0.5), 1),
         "p99_ms": round(percentile(latencies, 0.99), 1),
         "non_200": len(failures),
-        "web_cpu_ms_per_request": round(web_ms / max(calls, 1), 2),
-        "postgres_cpu_ms_per_request": round(db_ms / max(calls, 1), 2),
+        "web_cpu_ms_per_request": round(spent["web"] * 1000 / max(calls, 1), 2),
+        "postgres_cpu_ms_per_request": round(spent["postgres"] * 1000 / max(calls, 1), 2),
     }
 
 
@@ -239,8 +217,7 @@ def _round(args, root: Path) -> dict:
     env = _env(root)
     requester, owner, hoarder = _prepare(root, env, args.requester_kudos)
     port = free_port()
-    server = _start_web(root, env, port, args.web_workers)
-    try:
+    with serving(port, args.web_workers, env, root=root) as server:
         setup = _Client(port)
         for i in range(args.threads):
             setup.post("/api/v2/generate/text/pop", _pop_body(f"http-worker-{i}"), owner)
@@ -278,9 +255,6 @@ def _round(args, root: Path) -> dict:
 
         figures["cycle"] = _phase("cycle", args, port, server.pid, cycle)
         return figures
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main() -> None:
@@ -307,7 +281,7 @@ def main() -> None:
                 "bench": "http_routes",
                 "commit": head.stdout.strip(),
                 "machine": {"cores": os.cpu_count(), "python_loop_seconds": python_loop_seconds()},
-                "server": f"gunicorn -k {_worker_class(root)} -w {args.web_workers}",
+                "server": web_server(args.web_workers, root),
                 "load": f"{args.threads} keep-alive connections, {args.seconds} s a phase, same machine",
                 "rounds": rounds,
             }

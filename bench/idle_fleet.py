@@ -29,15 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    CpuClock,
     KeepAliveConnection,
     bench_env,
     children,
-    cpu_seconds,
     free_port,
     percentile,
-    prepare_database,
     python_loop_seconds,
-    start_web,
+    serving,
+    setup_django,
 )
 
 DB_NAME = "hordeops_bench_idle"
@@ -47,10 +47,7 @@ os.environ.update(ENV)
 
 def _prepare(queued: int) -> str:
     """Fill the queue; return the idle workers' API key."""
-    prepare_database(DB_NAME)
-    import django
-
-    django.setup()
+    setup_django(DB_NAME)
     from django.db import connection
     from django.utils import timezone
     from django_redis import get_redis_connection
@@ -112,16 +109,14 @@ async def _run(port: int, api_key: str, args, web_pid: int) -> dict:
         for i in range(args.workers)
     ]
     await asyncio.sleep(max(0.0, warm_until - time.monotonic()))
-    web_pids, pg_pids = children(web_pid), await asyncio.to_thread(_backends)
-    web_cpu, pg_cpu = cpu_seconds(web_pids), cpu_seconds(pg_pids)
-    own_cpu, started = time.process_time(), time.monotonic()
+    clock = CpuClock(web=children(web_pid), pg=await asyncio.to_thread(_backends))
+    own_cpu = time.process_time()
     await asyncio.sleep(max(0.0, stops[1] - time.monotonic()))
-    elapsed = time.monotonic() - started
-    pg_pids = sorted(set(pg_pids) | set(await asyncio.to_thread(_backends)))
-    web_cpu, pg_cpu = cpu_seconds(web_pids) - web_cpu, cpu_seconds(pg_pids) - pg_cpu
+    elapsed = clock.elapsed()
+    spent = clock.spent(pg=await asyncio.to_thread(_backends))
     own_cpu = time.process_time() - own_cpu
     await asyncio.gather(*polls)
-    return {**records[1], "elapsed": elapsed, "web": web_cpu, "pg": pg_cpu, "own": own_cpu}
+    return {**records[1], "elapsed": elapsed, **spent, "own": own_cpu}
 
 
 def main() -> None:
@@ -135,12 +130,8 @@ def main() -> None:
 
     api_key = _prepare(args.queued)
     port = free_port()
-    web = start_web(port, args.web_workers, ENV)
-    try:
+    with serving(port, args.web_workers, ENV) as web:
         run = asyncio.run(_run(port, api_key, args, web.pid))
-    finally:
-        web.terminate()
-        web.wait(timeout=30)
     latencies, failures, elapsed = run["latencies"], run["failures"], run["elapsed"]
     web_cpu, pg_cpu, own_cpu = run["web"], run["pg"], run["own"]
     ms = [s * 1000 for s in latencies]

@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     bench_env,
     ledger_checks,
-    prepare_database,
     python_loop_seconds,
     reset_tables,
+    setup_django,
 )
 
 DB_NAME = "hordeops_bench_kudos"
@@ -65,11 +65,7 @@ def main() -> None:
         ACCOUNT_MAX_WAITING_REQUESTS="1000",
         DATABASE_POOL_MAX_SIZE="40",  # a connection for each thread
     )
-    prepare_database(DB_NAME, env)
-    os.environ.update(env)
-    import django
-
-    django.setup()
+    setup_django(DB_NAME, env)
     print(json.dumps(run(args.seconds, args.threads), indent=2))
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, free_port, prepare_database, reset_tables, start_web  # noqa: E402
+from bench.common import bench_env, free_port, reset_tables, serving, setup_django  # noqa: E402
 from bench.flood import Client  # noqa: E402
 
 DB_NAME = "hordeops_bench_raid"
@@ -220,11 +220,7 @@ def main() -> None:
     parser.add_argument("--flood-seconds", type=float, default=5)
     args = parser.parse_args()
     env = _env()
-    prepare_database(DB_NAME, env)
-    os.environ.update(env)
-    import django
-
-    django.setup()
+    setup_django(DB_NAME, env)
     reset_tables()
     from workers.models import Account
     from workers.services import create_account
@@ -235,8 +231,7 @@ def main() -> None:
 
     connection.close()
     port = free_port()
-    server = start_web(port, 2, env)
-    try:
+    with serving(port, 2, env):
         figures = {
             "bench": "raid",
             "machine": {"cores": os.cpu_count()},
@@ -244,9 +239,6 @@ def main() -> None:
             "speed_liar": speed_liar(port),
             "flooding_key": flooding_key(port, args.flood_seconds),
         }
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     print(json.dumps(figures, indent=2))
 
 

@@ -10,8 +10,8 @@ Instructions per call, steadier than CPU time on a busy machine (one phase, inst
         .venv/bin/python bench/route_inproc.py --callgrind --phases submit --calls 100 --queued 600
     grep -E '^(summary|totals):' /tmp/cg.out    # / 100
 
-`bench/studies/route_cpu.py` reads a gunicorn worker's CPU from /proc, in clock ticks, with the HTTP
-server's share in it. This calls `hordeops.asgi.application` directly, as uvicorn would, and
+`bench/http_routes.py` reads the gunicorn workers' CPU from /proc, in clock ticks, with the
+HTTP server's share in it. This calls `hordeops.asgi.application` directly, as uvicorn would, and
 runs the sync view inline on the calling thread (the ASGI handler's thread pool swapped for an
 inline executor), so `time.process_time()` around the calls is the application's own CPU per
 request, steady to a few percent: the figure to compare a change to the hot routes by, run
@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import prepare_database, python_loop_seconds  # noqa: E402
+from bench.common import python_loop_seconds, setup_django  # noqa: E402
 from bench.route_throughput import DB_NAME, _env, _fill_queue, pop_body  # noqa: E402
 
 
@@ -77,16 +77,11 @@ def main() -> None:
         "--sort", choices=("tottime", "cumulative"), default="tottime", help="the profile's order"
     )
     args = parser.parse_args()
-    prepare_database(DB_NAME, _env())
-    os.environ.update(_env())
-    # One key makes every call: no rate limit measured, only the routes.
-    os.environ.update(KEY_RATE_PER_SECOND="1000000", KEY_RATE_BURST="1000000")
-    os.environ.update(ADDRESS_RATE_PER_SECOND="1000000", ADDRESS_RATE_BURST="1000000")
-    # The view runs on the event loop's thread here, which Django refuses by default.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    import django
-
-    django.setup()
+    unlimited = {"KEY_RATE_PER_SECOND": "1000000", "KEY_RATE_BURST": "1000000"}
+    unlimited |= {"ADDRESS_RATE_PER_SECOND": "1000000", "ADDRESS_RATE_BURST": "1000000"}
+    # One key makes every call: no rate limit measured, only the routes. The view runs on the
+    # event loop's thread here, which Django refuses by default.
+    setup_django(DB_NAME, {**_env(), **unlimited, "DJANGO_ALLOW_ASYNC_UNSAFE": "true"})
     api_key = _fill_queue(max(args.queued, 2 * args.calls + 100))
     from django.db import connection
 

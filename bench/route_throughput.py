@@ -44,10 +44,11 @@ from bench.common import (  # noqa: E402
     bench_env,
     free_port,
     percentile,
-    prepare_database,
     python_loop_seconds,
     reset_tables,
-    start_web,
+    serving,
+    setup_django,
+    web_server,
 )
 
 DB_NAME = "hordeops_bench_routes"
@@ -215,12 +216,11 @@ def _phase_figures(outs: list[dict], phase: str) -> dict:
 def _run(queued: int, args) -> dict:
     api_key = _fill_queue(queued)
     port = free_port()
-    server = start_web(port, args.web_workers, _env())
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(args.clients * args.threads)
     queue = context.Queue()
     per_thread = max(1, args.calls // (args.clients * args.threads))
-    try:
+    with serving(port, args.web_workers, _env()):
         processes = [
             context.Process(
                 target=_load_process,
@@ -233,9 +233,6 @@ def _run(queued: int, args) -> dict:
         outs = [queue.get(timeout=1800) for _ in processes]
         for process in processes:
             process.join()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     return {
         "queued_requests": queued,
         "jobs_popped": sum(t["jobs"] for out in outs for t in out.values()),
@@ -257,11 +254,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    prepare_database(DB_NAME, _env())
-    os.environ.update(_env())
-    import django
-
-    django.setup()
+    setup_django(DB_NAME, _env())
     loop_seconds = python_loop_seconds()
     runs = []
     for queued in (int(q) for q in args.queued.split(",")):
@@ -277,7 +270,7 @@ def main() -> None:
                     "python_loop_seconds": loop_seconds,
                     "also_running": "PostgreSQL and Redis (same machine), the load processes",
                 },
-                "server": f"gunicorn -k hordeops.web_worker.QuietUvicornWorker -w {args.web_workers}",
+                "server": web_server(args.web_workers),
                 "load": (
                     f"{args.clients} processes x {args.threads} threads, each on a keep-alive"
                     f" connection renewed every {args.reconnect_every} requests"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, prepare_database  # noqa: E402
+from bench.common import bench_env, setup_django  # noqa: E402
 
 DB_NAME = "hordeops_bench_stale"
 os.environ.update(bench_env(DB_NAME, 9))
@@ -124,10 +124,7 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    prepare_database(DB_NAME)
-    import django
-
-    django.setup()
+    setup_django(DB_NAME)
     from django.utils import timezone
 
     from jobs.models import Generation, TextRequest

@@ -40,7 +40,6 @@ import random
 import re
 import resource
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -49,16 +48,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
+    CpuClock,
     HTTPConnection,
     bench_env,
     children,
-    cpu_seconds,
     free_port,
     percentile,
-    prepare_database,
+    processes_named,
     python_loop_seconds,
     reset_tables,
+    setup_django,
     start_web,
+    terminate,
+    web_server,
 )
 
 DB_NAME = "hordeops_bench_streams"
@@ -260,11 +262,6 @@ def _rss_kb(pids: list[int]) -> int:
     return total
 
 
-def _pids(name: str) -> list[int]:
-    found = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in found]
-
-
 def _threads(pids: list[int]) -> int:
     return sum(len(os.listdir(f"/proc/{pid}/task")) for pid in pids)
 
@@ -316,17 +313,17 @@ def _queued() -> int:
 def _run(streams: int, args) -> dict:
     keys, owner = _reset(streams)
     requester_port = free_port()
-    servers = [start_web(requester_port, args.web_workers, _env())]
-    worker_port = requester_port
-    if args.split:
-        worker_port = free_port()
-        servers.append(start_web(worker_port, args.web_workers, _env()))
-    web_by_server = [[server.pid, *children(server.pid)] for server in servers]
-    web = [pid for pids in web_by_server for pid in pids]
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     stop = context.Event()
+    servers = [start_web(requester_port, args.web_workers, _env())]
+    worker_port = requester_port
     try:
+        if args.split:
+            worker_port = free_port()
+            servers.append(start_web(worker_port, args.web_workers, _env()))
+        web_by_server = [[server.pid, *children(server.pid)] for server in servers]
+        web = [pid for pids in web_by_server for pid in pids]
         # The worker of MODEL checks in first: a request for a model no worker serves is refused.
         checkin = Connection(worker_port, owner)
         status, answer, _ = checkin.post(
@@ -376,35 +373,28 @@ def _run(streams: int, args) -> dict:
         serving_started = time.monotonic()
         for process in workers:
             process.start()
-        roles = {
-            "web": web,
+        clock = CpuClock(
+            web=web,
             **({"web_requesters": web_by_server[0], "web_workers": web_by_server[1]} if args.split else {}),
-            "postgresql": _pids("postgres"),
-            "redis": _pids("redis-server"),
-            "requester": [requester.pid],
-            "workers": [process.pid for process in workers],
-        }
-        cpu_before = {role: cpu_seconds(pids) for role, pids in roles.items()}
+            postgresql=processes_named("postgres"),
+            redis=processes_named("redis-server"),
+            requester=[requester.pid],
+            workers=[process.pid for process in workers],
+        )
         max_db, max_redis = 0, 0
         while not finished.is_set() and requester.is_alive():
             max_db = max(max_db, _database_connections())
             max_redis = max(max_redis, sum(_redis_clients().values()))
             time.sleep(0.5)
         serving_seconds = time.monotonic() - serving_started
-        cores = {
-            role: round((cpu_seconds(pids) - cpu_before[role]) / serving_seconds, 2)
-            for role, pids in roles.items()
-        }
+        cores = {role: round(seconds / serving_seconds, 2) for role, seconds in clock.spent().items()}
         stop.set()
         outs = [results.get(timeout=120) for _ in range(3)]
         for process in [requester, *workers]:
             process.join(timeout=60)
     finally:
         stop.set()
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            server.wait(timeout=30)
+        terminate(servers)
     [streamed] = [out for out in outs if "latencies_ms" in out]
     records = [record for out in outs if "latencies_ms" not in out for record in out.values()]
     posts = sum(len(record["progress"]) for record in records)
@@ -445,11 +435,7 @@ def main() -> None:
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the servers and the requester inherit it
-    prepare_database(DB_NAME, _env())
-    os.environ.update(_env())
-    import django
-
-    django.setup()
+    setup_django(DB_NAME, _env())
     loop_seconds = python_loop_seconds()
     runs = []
     for streams in (int(n) for n in args.streams.split(",")):
@@ -466,7 +452,7 @@ def main() -> None:
                     "python_loop_seconds": loop_seconds,
                     "also_running": "PostgreSQL and Redis, the requester and worker processes",
                 },
-                "server": f"gunicorn -k hordeops.web_worker.QuietUvicornWorker -w {args.web_workers}"
+                "server": web_server(args.web_workers)
                 + (" (x2: requesters on one, workers on the other)" if args.split else ""),
                 "load": (
                     f"{args.workers} chat workers in 2 processes, {args.deltas} progress posts a job,"

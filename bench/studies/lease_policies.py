@@ -40,7 +40,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from bench.fleet import MODEL, _prepare, _start_stack, json_lines, popped_jobs, read_lines  # noqa: E402
+from bench.common import terminate  # noqa: E402
+from bench.fleet import (  # noqa: E402
+    MODEL,
+    _prepare,
+    _start_stack,
+    _wait_for_check_ins,
+    json_lines,
+    popped_jobs,
+    read_lines,
+)
 
 LEASE = 10
 POLICIES = {
@@ -161,7 +170,7 @@ def _run(policy: str, args) -> dict:
     for process in workers:
         process.start()
     # Queued once the workers have checked in, so that the speed gate sees them online.
-    time.sleep(3)
+    _wait_for_check_ins(per_process * 3)
     sizes = _queue(args.requests, args.seed)
     started = time.time()
     while time.time() < stop and TextRequest.objects.filter(state=TextRequest.State.ACTIVE).exists():
@@ -170,10 +179,7 @@ def _run(policy: str, args) -> dict:
     for process in workers:
         process.terminate()
         process.join(timeout=30)
-    for process in stack:
-        process.terminate()
-    for process in stack:
-        process.wait(timeout=30)
+    terminate(stack)
     records = [r for path in rundir.glob("workers-*.jsonl") for r in read_lines(path)]
     states = dict(TextRequest.objects.values_list("id", "state"))
     outcome = {}
