@@ -79,6 +79,7 @@ def run(seconds: float, threads: int) -> dict:
     from kudos import ledger
     from kudos.models import Event, Posting, TextModel, Wallet
     from kudos.passes import run_kudos_pass
+    from workers.declaration import WorkerDeclaration
     from workers.services import create_account
 
     reset_tables()
@@ -145,15 +146,17 @@ def run(seconds: float, threads: int) -> dict:
         owner = accounts[threading.get_ident() % 6]
         popped = services.pop_generation(
             api_key=keys[owner.pk],
-            name=name,
-            models=[MODEL],
-            max_length=1024,
-            max_context_length=4096,
-            amount=1,
-            threads=1,
-            nsfw=False,
-            chat=False,
-            bridge_agent="AI Horde Worker:1:bench",
+            declaration=WorkerDeclaration(
+                name=name,
+                models=[MODEL],
+                max_length=1024,
+                max_context_length=4096,
+                amount=1,
+                threads=1,
+                nsfw=False,
+                chat=False,
+                bridge_agent="AI Horde Worker:1:bench",
+            ),
         )
         if isinstance(popped, services.EmptyPop):
             time.sleep(0.01)

@@ -1,6 +1,7 @@
 """Input validation and output shapes of the horde text routes (AI Horde v2 names)."""
 
 import threading
+from typing import Any
 
 from django.utils.functional import cached_property
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -17,6 +18,7 @@ from hordeops.serializers import (  # noqa: F401  (the horde routes' error shape
     quick_validator,
 )
 from jobs import leases
+from workers.declaration import WorkerDeclaration
 
 _quick: dict[type, object] = {}  # HotInput class -> its one-pass check
 
@@ -47,6 +49,24 @@ class HotInput(serializers.Serializer):
         if validate is None:
             validate = _quick.setdefault(cls, quick_validator(cls) or (lambda data: None))
         return validate(data)
+
+    @classmethod
+    def validated(cls, data: object) -> Any:
+        """The body validated, in one pass where it is plainly valid (`quick`), by DRF otherwise
+        (its ValidationError), then made into what the route's service takes (`built`): the
+        same value whichever path checked it."""
+        valid = cls.quick(data)
+        if valid is None:
+            serializer = cls(data=data)
+            serializer.is_valid(raise_exception=True)
+            valid = serializer.validated_data
+        return cls.built(valid)
+
+    @staticmethod
+    def built(valid: dict) -> Any:
+        """What the route's service takes from the validated body: the dict itself, unless the
+        class says otherwise."""
+        return valid
 
     @cached_property
     def fields(self):
@@ -191,6 +211,10 @@ class PopInput(HotInput):
     bridge_agent = StrictCharField(max_length=1000, default="unknown:0:unknown")
     amount = _int(1, 20, default=1)
     chat = StrictBooleanField(default=False)
+
+    @staticmethod
+    def built(valid: dict) -> WorkerDeclaration:
+        return WorkerDeclaration.of_valid(valid)
 
 
 class LeaseOutput(serializers.Serializer):

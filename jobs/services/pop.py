@@ -15,8 +15,9 @@ from hordeops import clock, errors, metrics
 from hordeops.rows import fetch_instance
 from jobs import eligibility, leases, sql
 from jobs.models import Generation, TextRequest
+from workers.checkin import check_in_worker
+from workers.declaration import WorkerDeclaration
 from workers.models import Worker
-from workers.services import check_in_worker
 
 logger = logging.getLogger(__name__)
 
@@ -98,41 +99,17 @@ def _skipped(params: dict[str, Any], now: datetime) -> dict[str, int]:
 
 
 def pop_generation(
-    *,
-    api_key: str | None,
-    name: str,
-    models: list[str],
-    max_length: int,
-    max_context_length: int,
-    threads: int,
-    nsfw: bool,
-    chat: bool,
-    bridge_agent: str,
-    amount: int,
-    now: datetime | None = None,
-    address: str = "",
+    *, api_key: str | None, declaration: WorkerDeclaration, now: datetime | None = None, address: str = ""
 ) -> PoppedJob | EmptyPop:
-    """Authenticate the key and check the worker in, then claim the best request it may
-    serve, if any.
+    """Authenticate the key and check the declared worker in, then claim the best request it
+    may serve, if any.
 
     The claim is one short transaction: lock one request row with SKIP LOCKED so that
-    concurrent pops never wait on each other, take up to `amount` of its jobs and start
-    one lease per job.
+    concurrent pops never wait on each other, take up to `declaration.amount` of its jobs and
+    start one lease per job.
     """
     now = now or clock.now()
-    worker = check_in_worker(
-        api_key=api_key,
-        name=name,
-        served_models=models,
-        max_length=max_length,
-        max_context_length=max_context_length,
-        threads=threads,
-        nsfw=nsfw,
-        chat=chat,
-        bridge_agent=bridge_agent,
-        now=now,
-        address=address,
-    )
+    worker = check_in_worker(api_key=api_key, declaration=declaration, now=now, address=address)
     if worker.paused or worker.account.flagged_at is not None:
         # A moderator paused it, or its account is flagged (`workers.suspicion`): offered
         # nothing, no claim tried.
@@ -143,7 +120,7 @@ def pop_generation(
         metrics.increment_soon(metrics.POP_LEASE_CAPACITY_LIMITED, now=now)
     params = {
         **pop_params(worker, trusted=trusted, now=now),
-        "amount": amount,
+        "amount": declaration.amount,
         "job_ttl": leases.initial_job_ttl(cap),
         "cap_seconds": cap,
         "capacity": worker.capacity,

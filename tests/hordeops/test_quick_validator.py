@@ -1,6 +1,7 @@
 """`quick_validator`: a worker body checked in one pass is what DRF's validation makes of it, and
 anything it does not plainly accept is left to DRF (which alone writes the error messages)."""
 
+import dataclasses
 import uuid
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from hordeops.serializers import quick_validator
 from jobs import serializers as s
+from workers.declaration import WorkerDeclaration
 
 WORKER_INPUTS = (s.PopInput, s.ProgressInput, s.SubmitInput)
 ID = "6b1a4d9e-4f4e-4b8e-9f44-3d3e1d1c2b1a"
@@ -150,6 +152,21 @@ def test_the_bodies_workers_send_take_the_one_pass_check(serializer_class, body)
 def test_a_body_drf_refuses_is_left_to_drf_for_its_message(serializer_class, body):
     assert serializer_class.quick(body) is None
     assert drf(serializer_class, body) is None
+
+
+@pytest.mark.parametrize("body", VALID[s.PopInput])
+def test_a_pop_body_is_built_into_the_same_declaration_whichever_path_checked_it(body, monkeypatch):
+    quick = s.PopInput.validated(body)
+    monkeypatch.setattr(s.PopInput, "quick", classmethod(lambda cls, data: None))  # DRF's path
+    by_drf = s.PopInput.validated(body)
+    assert isinstance(quick, WorkerDeclaration) and isinstance(by_drf, WorkerDeclaration)
+    assert typed(dataclasses.asdict(quick)) == typed(dataclasses.asdict(by_drf))
+    assert quick == WorkerDeclaration(**dataclasses.asdict(quick))  # every field, and only those
+
+
+def test_a_pop_body_holds_exactly_what_a_worker_declares():
+    declared = [field.name for field in dataclasses.fields(WorkerDeclaration)]
+    assert sorted(s.PopInput._declared_fields) == sorted(declared)
 
 
 def test_a_default_list_is_a_new_list_for_every_body():

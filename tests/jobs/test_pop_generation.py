@@ -15,6 +15,7 @@ from jobs.services import EmptyPop, pop, pop_generation
 from jobs.services.pop import RecentSkips
 from tests.conftest import give_kudos, multiply_rows
 from workers import messages
+from workers.declaration import WorkerDeclaration
 from workers.models import Account, Worker
 
 POP = {
@@ -27,6 +28,11 @@ POP = {
     "bridge_agent": "test:1:test",
     "amount": 1,
 }
+
+
+def _pop(caller, name: str):
+    """The service's pop, as the route calls it, with POP's declaration."""
+    return pop_generation(api_key=caller.api_key, declaration=WorkerDeclaration(name=name, **POP))
 
 
 def test_the_first_pop_creates_the_worker_with_what_it_declares(owner):
@@ -248,7 +254,7 @@ def test_the_claim_is_planned_once_per_connection_not_at_every_pop(owner):
     would plan the claim anew at every pop (several times what running it costs)."""
     owner.pop("idle")
     for _ in range(12):  # past psycopg's prepare threshold, on this thread's one connection
-        assert isinstance(pop_generation(api_key=owner.api_key, name="idle", **POP), EmptyPop)
+        assert isinstance(_pop(owner, "idle"), EmptyPop)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement LIKE %s",
@@ -278,7 +284,7 @@ def test_twenty_threads_popping_a_hundred_requests_take_each_exactly_once(make_c
         try:
             start.wait()
             while True:
-                job = pop_generation(api_key=owner.api_key, name=f"w{n}", **POP)
+                job = _pop(owner, f"w{n}")
                 if isinstance(job, EmptyPop):
                     return
                 taken.append(str(job.request.id))
@@ -309,7 +315,7 @@ def test_two_first_pops_under_one_name_create_one_worker(make_caller):
     def pop() -> None:
         try:
             start.wait()
-            pop_generation(api_key=owner.api_key, name="same-name", **POP)
+            _pop(owner, "same-name")
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -335,7 +341,7 @@ def test_the_pop_answer_renders_exactly_as_its_schema_serializer_would(requester
     owner.pop("w")
     requester.request_text()
     now = timezone.now()
-    job = pop_generation(api_key=owner.api_key, name="w", **POP)
+    job = _pop(owner, "w")
     answers = [_pop_answer(job, now, chat=chat) for chat in (True, False)]
     for answer in (*answers, _pop_answer(EmptyPop(skipped={"models": 2}), now, chat=True)):
         as_is = json.loads(JSONRenderer().render(answer))
