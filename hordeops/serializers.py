@@ -6,6 +6,7 @@ import uuid
 from django.conf import settings
 from django.core import validators
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import fields, serializers
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
@@ -62,6 +63,21 @@ class StrictUUIDField(serializers.UUIDField):
 # OpenAPI security requirements of the horde routes: the `apikey` header, or optionally it.
 APIKEY_AUTH = [{"apikey": []}]
 OPTIONAL_APIKEY_AUTH = [{}, {"apikey": []}]
+APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
+
+
+def keyed_route(operation_id: str, *, body=fields.empty, answer, refusals: dict):
+    """The schema of a horde route that requires the apikey header: its body, its answer and
+    its app's refusals."""
+    return extend_schema(
+        operation_id=operation_id,
+        parameters=[APIKEY],
+        auth=APIKEY_AUTH,
+        request=body,
+        responses={200: answer, **refusals},
+    )
+
+
 # The answer of the routes that list (models, workers), as the AI Horde's: an array of objects.
 OBJECT_LIST = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
 # A count in a query string: what hordeops.parsing.ascii_int reads.

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from hordeops import clock, errors, ratelimit
 from hordeops.parsing import MAX_DIGITS, ascii_int
 from hordeops.replica import replica_reads
-from hordeops.serializers import APIKEY_AUTH, COUNT, OBJECT_LIST
+from hordeops.serializers import APIKEY, APIKEY_AUTH, COUNT, OBJECT_LIST, keyed_route
 from jobs import deadlines, discovery, services
 from jobs import serializers as s
 from jobs.models import TextRequest
@@ -23,7 +23,6 @@ from jobs.status import request_status
 from workers import messages, modes
 from workers.services import authenticate, key_account
 
-APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
 # 429: the rate limits, on every route but the worker routes (there: a bad key's only).
 LIMITED = {429: s.HordeErrorOutput}
 # 408 and 413: the body's bounds.
@@ -113,26 +112,28 @@ def _request_id(raw: str) -> UUID:
 REQUEST_ID = OpenApiParameter("request_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 
 
-class TextStatusView(APIView):
-    @extend_schema(
-        operation_id="text_status",
+def _status_route(operation_id: str):
+    return extend_schema(
+        operation_id=operation_id,
         parameters=[REQUEST_ID],
         responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput, **LIMITED},
     )
-    def get(self, request: Request, request_id: str) -> Response:
-        now = clock.now()
-        text_request = services.current_request(request_id=_request_id(request_id), now=now)
-        return Response(request_status(text_request, now=now))
 
-    @extend_schema(
-        operation_id="text_cancel",
-        parameters=[REQUEST_ID],
-        responses={200: s.RequestStatusOutput, 404: s.HordeErrorOutput, **LIMITED},
-    )
+
+def _status_after(service, raw_id: str) -> Response:
+    """The request's status once `service` has found it, or cancelled it."""
+    now = clock.now()
+    return Response(request_status(service(request_id=_request_id(raw_id), now=now), now=now))
+
+
+class TextStatusView(APIView):
+    @_status_route("text_status")
+    def get(self, request: Request, request_id: str) -> Response:
+        return _status_after(services.current_request, request_id)
+
+    @_status_route("text_cancel")
     def delete(self, request: Request, request_id: str) -> Response:
-        now = clock.now()
-        text_request = services.cancel_request(request_id=_request_id(request_id), now=now)
-        return Response(request_status(text_request, now=now))
+        return _status_after(services.cancel_request, request_id)
 
 
 # The payload keys the AI Horde's pop always carries, with its defaults, when the request did
@@ -201,13 +202,7 @@ def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool)
 
 
 class TextPopView(APIView):
-    @extend_schema(
-        operation_id="text_pop",
-        parameters=[APIKEY],
-        auth=APIKEY_AUTH,
-        request=s.PopInput,
-        responses={200: s.PopOutput, **ERRORS},
-    )
+    @keyed_route("text_pop", body=s.PopInput, answer=s.PopOutput, refusals=ERRORS)
     def post(self, request: Request) -> Response:
         api_key, declaration = _worker_post(s.PopInput, request)
         now = clock.now()
@@ -221,13 +216,7 @@ class TextPopView(APIView):
 
 
 class TextProgressView(APIView):
-    @extend_schema(
-        operation_id="text_progress",
-        parameters=[APIKEY],
-        auth=APIKEY_AUTH,
-        request=s.ProgressInput,
-        responses={200: s.ProgressOutput, **ERRORS},
-    )
+    @keyed_route("text_progress", body=s.ProgressInput, answer=s.ProgressOutput, refusals=ERRORS)
     def post(self, request: Request) -> Response:
         api_key, data = _worker_post(s.ProgressInput, request)
         result = services.record_progress(
@@ -241,13 +230,7 @@ class TextProgressView(APIView):
 
 
 class TextSubmitView(APIView):
-    @extend_schema(
-        operation_id="text_submit",
-        parameters=[APIKEY],
-        auth=APIKEY_AUTH,
-        request=s.SubmitInput,
-        responses={200: s.SubmitOutput, **ERRORS},
-    )
+    @keyed_route("text_submit", body=s.SubmitInput, answer=s.SubmitOutput, refusals=ERRORS)
     def post(self, request: Request) -> Response:
         api_key, data = _worker_post(s.SubmitInput, request)
         reward = services.submit_generation(

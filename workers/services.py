@@ -201,23 +201,16 @@ def count_aborts(*, counts: Counter[UUID], now: datetime, given_back: bool = Fal
         )
         rows = cursor.fetchall()
     for worker_id, account_id, _, _, tripped, gave, completed in rows:
+        found = []
         if tripped:
-            detail = f"more than {settings.WORKER_ABORT_MAINTENANCE_THRESHOLD} aborts within an hour"
-            suspicion.report(
-                account_id=account_id,
-                worker_id=worker_id,
-                reason=Suspicion.Reason.ABORTS,
-                detail=detail,
-                now=now,
-            )
+            threshold = settings.WORKER_ABORT_MAINTENANCE_THRESHOLD
+            found.append((Suspicion.Reason.ABORTS, f"more than {threshold} aborts within an hour"))
         if given_back and suspicion.gives_back_too_much(given_back=gave, completed=completed):
             detail = f"gave back {gave} of the {gave + completed} jobs it took"
+            found.append((Suspicion.Reason.GIVE_BACKS, detail))
+        for reason, detail in found:
             suspicion.report(
-                account_id=account_id,
-                worker_id=worker_id,
-                reason=Suspicion.Reason.GIVE_BACKS,
-                detail=detail,
-                now=now,
+                account_id=account_id, worker_id=worker_id, reason=reason, detail=detail, now=now
             )
     return [name for _, _, name, in_maintenance, *_ in rows if in_maintenance]
 

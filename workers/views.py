@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from hordeops import clock, errors
 from hordeops.replica import replica_reads
 from hordeops.serializers import (
+    APIKEY,
     APIKEY_AUTH,
     OBJECT_LIST,
     OPTIONAL_APIKEY_AUTH,
@@ -21,12 +22,12 @@ from hordeops.serializers import (
     StrictBooleanField,
     StrictCharField,
     StrictIntegerField,
+    keyed_route,
 )
 from workers import services
 from workers.details import TEXT, online_workers, privileged_details, worker_details
 from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, Worker
 
-APIKEY = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=True)
 APIKEY_OPTIONAL = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=False)
 ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404, 429)}
 
@@ -236,23 +237,12 @@ def _timeouts_answer(rows) -> list[dict]:
 class OperationsIPView(APIView):
     """The AI Horde's `/v2/operations/ipaddr`: a moderator lists, adds and removes timeouts."""
 
-    @extend_schema(
-        operation_id="operations_ip_list",
-        parameters=[APIKEY],
-        auth=APIKEY_AUTH,
-        responses={200: IP_TIMEOUTS, **ERRORS},
-    )
+    @keyed_route("operations_ip_list", answer=IP_TIMEOUTS, refusals=ERRORS)
     def get(self, request: Request) -> Response:
         _moderator(request)
         return Response(_timeouts_answer(AddressTimeout.objects.active(clock.now())))
 
-    @extend_schema(
-        operation_id="operations_ip_add",
-        parameters=[APIKEY],
-        auth=APIKEY_AUTH,
-        request=AddTimeoutInput,
-        responses={200: SIMPLE, **ERRORS},
-    )
+    @keyed_route("operations_ip_add", body=AddTimeoutInput, answer=SIMPLE, refusals=ERRORS)
     def post(self, request: Request) -> Response:
         moderator = _moderator(request)
         data = _valid(AddTimeoutInput, request)
@@ -262,13 +252,7 @@ class OperationsIPView(APIView):
         )
         return Response({"message": "OK"})
 
-    @extend_schema(
-        operation_id="operations_ip_delete",
-        parameters=[APIKEY],
-        auth=APIKEY_AUTH,
-        request=DeleteTimeoutInput,
-        responses={200: SIMPLE, **ERRORS},
-    )
+    @keyed_route("operations_ip_delete", body=DeleteTimeoutInput, answer=SIMPLE, refusals=ERRORS)
     def delete(self, request: Request) -> Response:
         moderator = _moderator(request)
         data = _valid(DeleteTimeoutInput, request)
@@ -277,12 +261,7 @@ class OperationsIPView(APIView):
 
 
 class OperationsIPSingleView(APIView):
-    @extend_schema(
-        operation_id="operations_ip",
-        parameters=[APIKEY],
-        auth=APIKEY_AUTH,
-        responses={200: IP_TIMEOUTS, **ERRORS},
-    )
+    @keyed_route("operations_ip", answer=IP_TIMEOUTS, refusals=ERRORS)
     def get(self, request: Request, ipaddr: str) -> Response:
         """The timeouts that hold an address or a network."""
         _moderator(request)

@@ -8,14 +8,8 @@ from uuid import UUID
 from hordeops import clock, errors
 from jobs import leases
 from jobs.models import Ending, Generation
+from jobs.services import posts
 from jobs.services.endings import cancel_request
-from jobs.services.posts import (
-    output_too_long,
-    posted_generation,
-    refusal,
-    refuse_past_deadline,
-    requester_lost,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +42,15 @@ def record_progress(
     worker told GenerationCancelled; so is one whose requester's follower is gone.
     """
     now = now or clock.now()
-    generation = posted_generation(api_key=api_key, generation_id=generation_id)
+    generation = posts.posted_generation(api_key=api_key, generation_id=generation_id)
     if generation.state != Generation.State.PROCESSING:
-        raise refusal(generation_id=generation.pk)
+        raise posts.refusal(generation_id=generation.pk)
     if not generation.request.relayed:
         raise errors.BadRequest(
             "Progress posts are for chat jobs and streamed text completions; this text job keeps "
             "its flat lease."
         )
-    refuse_past_deadline(text_request=generation.request, now=now)
+    posts.refuse_past_deadline(text_request=generation.request, now=now)
     renewal = leases.renew(generation, seq=seq, delta=delta, tokens=tokens, now=now)
     if renewal.outcome not in leases.ANSWERED:
         raise _refused(generation, renewal, seq=seq, now=now)
@@ -73,12 +67,12 @@ def _refused(
         cancel_request(request_id=generation.request_id, reason=Ending.UNAVAILABLE, now=now)
         return errors.GenerationCancelled(LOST_MESSAGE)
     if renewal.outcome == leases.Outcome.GONE:
-        return requester_lost(text_request=generation.request, generation_id=generation.pk, now=now)
+        return posts.requester_lost(text_request=generation.request, generation_id=generation.pk, now=now)
     if renewal.outcome == leases.Outcome.TOO_LONG:
-        return output_too_long(text_request=generation.request)
+        return posts.output_too_long(text_request=generation.request)
     if renewal.outcome == leases.Outcome.GAP:
         return errors.ProgressOutOfOrder(
             f"Progress seq {seq} skips ahead: the last accepted seq is {renewal.last_seq}.",
             last_seq=renewal.last_seq,
         )
-    return refusal(generation_id=generation.pk)  # DEAD: aborted, cancelled or submitted
+    return posts.refusal(generation_id=generation.pk)  # DEAD: aborted, cancelled or submitted
