@@ -214,7 +214,7 @@ class PopInput(HotInput):
 
     @staticmethod
     def built(valid: dict) -> WorkerDeclaration:
-        return WorkerDeclaration.of_valid(valid)
+        return WorkerDeclaration(**valid)
 
 
 class LeaseOutput(serializers.Serializer):
