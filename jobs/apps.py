@@ -8,11 +8,14 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from hordeops import api, metrics, stopping
         from jobs import metrics as queue_metrics
-        from jobs import relay
+        from jobs import relay, spending
         from jobs.protocols import protocol_for_path
+        from kudos import holds
         from workers.moderation import account_suspended
 
         metrics.register()
+        # The holds this app places are checked against its requests by `check_kudos`.
+        holds.register_check(spending.check_holds)
         queue_metrics.register()
         # A web process that stops ends its open chat streams with their error event first.
         stopping.on_stop(relay.stop_following)
