@@ -76,7 +76,7 @@ def run(seconds: float, threads: int) -> dict:
 
     from hordeops import errors
     from jobs import services
-    from kudos import ledger
+    from kudos import ledger, transfers
     from kudos.models import Event, Posting, TextModel, Wallet
     from kudos.passes import run_kudos_pass
     from workers.declaration import WorkerDeclaration
@@ -179,7 +179,7 @@ def run(seconds: float, threads: int) -> dict:
         amount = rng.randint(1, 40)
         tries = 2 if rng.random() < 0.25 else 1
         for _ in range(tries):
-            services.transfer_kudos(
+            transfers.transfer_kudos(
                 source=source, username=f"x#{target.pk}", amount=amount, idempotency_key=key
             )
         return "transferred"

@@ -8,10 +8,13 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         from hordeops import api, metrics, stopping
         from jobs import metrics as queue_metrics
-        from jobs import relay_hub
+        from jobs import relay_hub, spending
         from jobs.protocols import protocol_for_path
+        from kudos import holds
 
         metrics.register()
+        # The holds this app places are checked against its requests by `check_kudos`.
+        holds.register_check(spending.check_holds)
         queue_metrics.register()
         # A web process that stops ends its open chat streams with their error event first.
         stopping.on_stop(relay_hub.stop_following)

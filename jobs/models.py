@@ -108,8 +108,8 @@ class TextRequest(models.Model):
     # context its generations' kudos are reckoned by (`kudos.earning`).
     prompt_tokens = models.PositiveIntegerField(default=0, db_default=0)
     # Kudos held for the request while it is active (its cost when queued), and what its
-    # generations have cost so far: the held remainder counts against what its account may
-    # spend (`jobs.spending`), and is released when the request ends.
+    # generations have cost so far: the held remainder is its hold (`kudos.models.Hold`), which
+    # counts against what its account may spend and is released when the request ends.
     kudos_reserved = amount_field(default=ZERO, db_default=ZERO)
     kudos_spent = amount_field(default=ZERO, db_default=ZERO)
 

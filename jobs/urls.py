@@ -17,5 +17,4 @@ urlpatterns = [
     path("status/modes", views.ModesView.as_view(), name="status-modes"),
     path("stats/text/totals", views.TextTotalsView.as_view(), name="stats-text-totals"),
     path("stats/text/models", views.TextModelStatsView.as_view(), name="stats-text-models"),
-    path("kudos/transfer", views.KudosTransferView.as_view(), name="kudos-transfer"),
 ]

@@ -1,6 +1,5 @@
 """The horde text routes: parse, call one service, shape the answer."""
 
-import hashlib
 from typing import Any
 from uuid import UUID
 
@@ -328,46 +327,3 @@ class TextModelStatsView(APIView):
     @extend_schema(operation_id="stats_text_models", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.text_models(now=clock.now()))
-
-
-# The AI Horde's limits on one key's transfers: one a second and 90 an hour.
-TRANSFER_RATES = ((1.0, 1, "second"), (90 / 3600, 90, "hour"))
-
-
-class KudosTransferView(APIView):
-    @extend_schema(
-        operation_id="transfer_kudos",
-        auth=APIKEY_AUTH,
-        parameters=[
-            OpenApiParameter(
-                "Idempotency-Key",
-                str,
-                OpenApiParameter.HEADER,
-                required=False,
-                pattern=services.transfers.IDEMPOTENCY_KEY_PATTERN,
-            )
-        ],
-        request=s.KudosTransferInput,
-        responses={200: s.KudosTransferOutput, **ERRORS},
-    )
-    def post(self, request: Request) -> Response:
-        """Send kudos to another account, from what this one can spend (the AI Horde's route)."""
-        account = _account(request)
-        data = _validated(s.KudosTransferInput, request)
-        key = services.idempotency_key(header=request.headers.get("Idempotency-Key"))
-        digest = hashlib.sha256(request.headers["apikey"].encode()).hexdigest()[:32]
-        wait = ratelimit.take(
-            [
-                ratelimit.Bucket(f"hordeops:rate:transfer:{per}:{digest}", rate, burst)
-                for rate, burst, per in TRANSFER_RATES
-            ]
-        )
-        if wait:
-            raise errors.RateLimited(wait_seconds=wait, refusal="transfers")
-        moved = services.transfer_kudos(
-            source=account,
-            username=data["username"],
-            amount=data["amount"],
-            idempotency_key=key,
-        )
-        return Response({"transferred": moved})

@@ -131,6 +131,11 @@ class Event(models.Model):
         permissions = [("award_kudos", "Can award kudos to an account")]
         # A constraint, not unique=True: that adds a LIKE index no query uses, to every post.
         constraints = [models.UniqueConstraint(fields=["key"], name="event_key_once")]
+        # The last minute's transfers, read for the reverse-transfer guard (`kudos.transfers`);
+        # partial, so that no other event adds to it.
+        indexes = [
+            models.Index(fields=["created_at"], name="event_recent_transfer", condition=Q(kind="transfer"))
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.key}"
@@ -166,6 +171,30 @@ class Posting(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} to {self.wallet_id} ({self.event_id})"
+
+
+class Hold(models.Model):
+    """What one active request still holds of its account's kudos: its cost as reserved when it
+    was queued, less what its generations were charged since (`kudos.holds`).
+
+    Keyed by the request's id, with no foreign key: the ledger knows nothing of requests. The
+    app that queues them places a hold in the statement that queues, draws it down in the one
+    that charges, and releases it in the one that ends the request (as the AI Horde keeps its
+    `KudosReservation` apart from users). Not part of the ledger: a hold moves no kudos.
+    """
+
+    request_id = models.UUIDField(primary_key=True)
+    # Indexed by hold_by_account, which leads with it.
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="holds", db_index=False)
+    amount = amount_field()
+
+    class Meta:
+        # What the account's holds add up to, read from the index alone where it can be.
+        indexes = [models.Index(fields=["account"], include=["amount"], name="hold_by_account")]
+        constraints = [models.CheckConstraint(condition=Q(amount__gte=0), name="hold_not_negative")]
+
+    def __str__(self) -> str:
+        return f"{self.amount} held by request {self.request_id}"
 
 
 class TextModel(models.Model):

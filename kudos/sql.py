@@ -1,6 +1,8 @@
 """The statement that posts a kudos event, as common table expressions another statement can
 carry: a submit posts its generation's kudos in its own one statement (`jobs.sql.posts.accept`),
-a queued request its horde tax in the queueing one.
+a queued request its horde tax in the queueing one. Holds are placed, drawn down and released
+the same way (`hold`, `draw_holds`, `release_holds`), and what an account may spend is read
+under its lock (`LOCK_ACCOUNT`, `available`).
 
 Its parameters are `kudos.ledger.event_params`; `guard` says when to post (the event is posted
 only if the statement did what it pays for). One event, once for its key: its postings, the
@@ -10,14 +12,87 @@ a floor event for what a movement past an account's floor forgave, posted as min
 """
 
 from kudos import rates
-from kudos.models import Event, Posting, Wallet
+from kudos.models import Event, Hold, Posting, Wallet
 from workers.models import Account
 
 WALLETS, EVENTS, POSTINGS = Wallet._meta.db_table, Event._meta.db_table, Posting._meta.db_table
+HOLDS = Hold._meta.db_table
 ACCOUNTS = Account._meta.db_table
 TREASURY = Wallet.System.TREASURY.value
 FORGIVEN = Event.Kind.FORGIVEN.value
 FLOOR_SUFFIX = ":floor"
+
+
+# The account's row, locked until the transaction ends: what it may spend is read and spent one
+# at a time (a request queued, a transfer sent), so two cannot both spend its last kudos; the
+# app that queues requests also counts them under it. NO KEY: a ledger event that creates one
+# of its wallets checks the row's key meanwhile, and must not wait for the lock.
+LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR NO KEY UPDATE"
+# Two accounts' transfers to each other, one at a time (%(pair)s names the pair in id order):
+# each reads the other's reverse-transfer guard. The two-key advisory space, apart from the
+# stale pass's one-key lock; its first key (b"kt", kudos transfers) namespaces it.
+LOCK_TRANSFER_PAIR = "SELECT pg_advisory_xact_lock(27508, hashtext(%(pair)s))"
+
+# What the account's (%(account_id)s) holds add up to (on `hold_by_account`).
+HELD = f"(SELECT COALESCE(sum(h.amount), 0) FROM {HOLDS} AS h WHERE h.account_id = %(account_id)s)"
+
+
+# The account's (%(account_id)s) spendable balance, 0 before its wallet exists.
+BALANCE = f"""COALESCE((SELECT w.balance FROM {WALLETS} AS w
+                       WHERE w.account_id = %(account_id)s AND NOT w.escrow), 0)"""
+
+
+def available(balance: str = BALANCE) -> str:
+    """What the account (%(account_id)s, its floor %(floor)s) may spend, its spendable balance
+    being `balance`: that less its floor less what its holds keep. Read under LOCK_ACCOUNT."""
+    return f"{balance} - %(floor)s - {HELD}"
+
+
+# Whether the account %(target)s sent kudos to %(source)s since %(since)s: a transfer event of
+# the ledger's with a debit of the one's spendable wallet and a credit of the other's, among
+# the recent transfers (`event_recent_transfer`).
+SENT_SINCE = f"""
+    SELECT EXISTS (
+        SELECT FROM {EVENTS} AS e
+        WHERE e.kind = '{Event.Kind.TRANSFER.value}' AND e.created_at > %(since)s
+          AND EXISTS (SELECT FROM {POSTINGS} AS p JOIN {WALLETS} AS w ON w.id = p.wallet_id
+                      WHERE p.event_id = e.id AND p.amount < 0 AND w.account_id = %(target)s AND NOT w.escrow)
+          AND EXISTS (SELECT FROM {POSTINGS} AS p JOIN {WALLETS} AS w ON w.id = p.wallet_id
+                      WHERE p.event_id = e.id AND p.amount > 0 AND w.account_id = %(source)s AND NOT w.escrow)
+    )"""
+
+
+def hold(*, rows: str) -> str:
+    """The CTE `k_held` (to follow a WITH) that places a hold for each of `rows` (a relation of
+    request_id, account_id, amount): a request's cost, placed by the statement that queues it."""
+    return f"""
+        k_held AS (
+            INSERT INTO {HOLDS} (request_id, account_id, amount)
+            SELECT h.request_id, h.account_id, GREATEST(h.amount, 0) FROM ({rows}) AS h
+            RETURNING request_id
+        )"""
+
+
+def draw_holds(*, rows: str) -> str:
+    """The CTE `k_drawn` that draws each hold of `rows` (request_id, charged) down by what its
+    request was charged, never below zero: a generation settled while its request is active."""
+    return f"""
+        k_drawn AS (
+            UPDATE {HOLDS} AS h SET amount = GREATEST(h.amount - d.charged, 0)
+            FROM ({rows}) AS d WHERE h.request_id = d.request_id
+            RETURNING h.request_id
+        )"""
+
+
+def release_holds(*, rows: str) -> str:
+    """The CTE `k_released` that releases the holds of `rows` (request_id): their requests ended.
+    A request's hold is drawn down or released by one statement, never both (a row changes once
+    per statement)."""
+    return f"""
+        k_released AS (
+            DELETE FROM {HOLDS} AS h USING ({rows}) AS r WHERE h.request_id = r.request_id
+            RETURNING h.request_id
+        )"""
 
 
 def post_event(*, guard: str = "true") -> str:

@@ -8,7 +8,6 @@ unless given. One module per thing the flow does:
 - `stale`: the stale pass
 - `endings`: cancellation, restarts, abort counting and the relay of endings
 - `posts`: what progress and submit share (whose generation, why refused)
-- `transfers`: kudos sent from one account to another
 """
 
 from jobs.services.endings import (
@@ -32,7 +31,6 @@ from jobs.services.requests import (
 )
 from jobs.services.stale import StalePassResult, abort_stale_generations
 from jobs.services.submit import submit_generation
-from jobs.services.transfers import idempotency_key, transfer_kudos
 
 __all__ = [
     "EmptyPop",
@@ -57,6 +55,4 @@ __all__ = [
     "record_progress",
     "render_chat_prompt",
     "submit_generation",
-    "idempotency_key",
-    "transfer_kudos",
 ]

@@ -19,7 +19,7 @@ from hordeops import clock, errors
 from jobs import claims, leases, relay, sql
 from jobs.models import Ending, Generation, TextRequest
 from jobs.services.settlement import settle
-from kudos import ledger
+from kudos import holds, ledger
 from workers.models import Worker
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ def cancel_request(
             request.queued = 0
             request.ending = reason
             request.save(update_fields=["state", "queued", "ending"])
+            holds.release(request_ids=[request.pk])
             # With any popped while it waited for the request; one whose submit or abort holds it
             # now is left to them (it waits for this request), or they would wait on each other.
             running = _lock_running(request_id, skip_locked=True)
@@ -244,11 +245,12 @@ def _pay_delivered(delivered: dict[UUID, int], now: datetime, *, charged: bool) 
         settled = settle(
             generation, tokens=delivered[generation.pk], result=Generation.Result.OK, now=now, charged=charged
         )
-        # The rows in the submit's order (generation, request, worker, then wallets): no cycle.
+        # The rows in the submit's order (generation, request, worker, hold, then wallets): no cycle.
         Generation.objects.filter(pk=generation.pk).update(reward=settled.earned)
         TextRequest.objects.filter(pk=generation.request_id).update(
             kudos_spent=F("kudos_spent") + settled.cost
         )
+        holds.draw(request_id=generation.request_id, charged=settled.cost)
         Worker.objects.filter(pk=generation.worker_id).update(
             kudos_rewards=F("kudos_rewards") + settled.earned
         )

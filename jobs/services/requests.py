@@ -22,6 +22,7 @@ from jobs.protocols.base import MAX_REPLY_TOKENS
 from jobs.status import eligible_workers
 from kudos import ledger, rates
 from kudos.models import Event, Wallet
+from kudos.sql import LOCK_ACCOUNT
 from workers.models import Account, Worker
 
 logger = logging.getLogger(__name__)
@@ -165,8 +166,8 @@ def _queue(
     account: Account, *, now: datetime, deadline_at: datetime | None, upfront: bool = False, **fields: Any
 ) -> TextRequest:
     """Admit the request within the account's bound (and, where `upfront`, what it may spend)
-    and queue it at its fair rank, its cost held and the horde tax paid; it lives until its
-    lifetime or its deadline, whichever is sooner.
+    and queue it at its fair rank, its cost held (`kudos.sql.hold`) and the horde tax paid; it
+    lives until its lifetime or its deadline, whichever is sooner.
 
     Refused past the account's bound of waiting or running requests, or, where `upfront`, past
     what it may spend; else its `fair_rank` is how many the account has, and its priority the
@@ -198,7 +199,7 @@ def _queue(
         **horde_tax(account_id=account.pk, request_id=request.pk, now=now),
     }
     with transaction.atomic(), pipelined() as cursor:
-        cursor.execute(sql.LOCK_ACCOUNT, {"account_id": account.pk})
+        cursor.execute(LOCK_ACCOUNT, {"account_id": account.pk})
         cursor.execute(sql.queue_request(), params)
         rank, active, available = cursor.fetchone()
     if rank is None and active >= limit:

@@ -39,8 +39,6 @@ from jobs.sql.names import (
 from jobs.sql.posts import WORKER_POST_PARTS, accept, relayed, renew, worker_post
 from jobs.sql.queue import (
     CLAIMED,
-    LOCK_ACCOUNT,
-    LOCK_TRANSFER_PAIR,
     NEAR_ROWS,
     SKIPPED_SCAN,
     claim,
@@ -50,6 +48,7 @@ from jobs.sql.queue import (
 )
 from jobs.sql.reads import (
     PERIODS,
+    disagreeing_holds,
     done_per_model,
     done_tokens_since,
     done_totals,
@@ -70,8 +69,6 @@ __all__ = [
     "EXPIRED",
     "FAULTED",
     "GENERATIONS",
-    "LOCK_ACCOUNT",
-    "LOCK_TRANSFER_PAIR",
     "NEAR_ROWS",
     "PERIODS",
     "PROCESSING",
@@ -87,6 +84,7 @@ __all__ = [
     "accept",
     "cancel_generations",
     "claim",
+    "disagreeing_holds",
     "done_per_model",
     "done_tokens_since",
     "done_totals",

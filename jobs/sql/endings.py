@@ -13,6 +13,7 @@ from jobs.sql.names import (
     PROCESSING,
     REQUESTS,
 )
+from kudos.sql import release_holds
 
 # -- Endings: cancellation and restarts --------------------------------------------------------
 
@@ -36,20 +37,24 @@ def cancel_generations() -> str:
 @cache
 def restart_requests() -> str:
     """Give `added` aborted jobs back to each request (`ids`), or fault it: past `max`
-    restarts, or at once, ending `after_commit`, if its stream was committed.
-    Returns (id, state, relayed, ending)."""
+    restarts, or at once, ending `after_commit`, if its stream was committed; a faulted
+    request's hold is released. Returns (id, state, relayed, ending)."""
     fault = f"r.state = '{ACTIVE}' AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
     return f"""
-        UPDATE {REQUESTS} AS r SET
-          restarts = r.restarts + v.added,
-          queued = CASE WHEN r.state = '{ACTIVE}' AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
-          state = CASE WHEN {fault} THEN '{FAULTED}' ELSE r.state END,
-          ending = CASE WHEN NOT ({fault}) THEN r.ending
-                        WHEN r.stream_generation IS NOT NULL THEN %(after_commit)s
-                        ELSE '{Ending.RESTARTS.value}' END
-        FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
-        WHERE r.id = v.id
-        RETURNING r.id, r.state, {RELAYED}, r.ending
+        WITH restarted AS (
+            UPDATE {REQUESTS} AS r SET
+              restarts = r.restarts + v.added,
+              queued = CASE WHEN r.state = '{ACTIVE}' AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
+              state = CASE WHEN {fault} THEN '{FAULTED}' ELSE r.state END,
+              ending = CASE WHEN NOT ({fault}) THEN r.ending
+                            WHEN r.stream_generation IS NOT NULL THEN %(after_commit)s
+                            ELSE '{Ending.RESTARTS.value}' END
+            FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
+            WHERE r.id = v.id
+            RETURNING r.id, r.state, {RELAYED} AS relayed, r.ending
+        ),
+        {release_holds(rows=f"SELECT id AS request_id FROM restarted WHERE state = '{FAULTED}'")}
+        SELECT id, state, relayed, ending FROM restarted
         """
 
 
@@ -85,11 +90,16 @@ def ending_generations(one: bool = False) -> str:
 
 @cache
 def expire_requests(one: bool = False) -> str:
-    """Expire the requests past their lifetime or deadline; returns (id, relayed, why)."""
+    """Expire the requests past their lifetime or deadline, releasing their holds; returns
+    (id, relayed, why)."""
     return f"""
-        UPDATE {REQUESTS} AS r SET state = '{EXPIRED}', queued = 0, ending = {_EXPIRY_REASON}
-        WHERE r.state = '{ACTIVE}' AND r.expires_at <= %(now)s{_which(one)}
-        RETURNING r.id, {RELAYED}, {_EXPIRY_REASON}
+        WITH expired AS (
+            UPDATE {REQUESTS} AS r SET state = '{EXPIRED}', queued = 0, ending = {_EXPIRY_REASON}
+            WHERE r.state = '{ACTIVE}' AND r.expires_at <= %(now)s{_which(one)}
+            RETURNING r.id, {RELAYED} AS relayed, {_EXPIRY_REASON} AS why
+        ),
+        {release_holds(rows="SELECT id AS request_id FROM expired")}
+        SELECT id, relayed, why FROM expired
         """
 
 

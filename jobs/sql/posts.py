@@ -14,7 +14,7 @@ from jobs.sql.names import (
     REQUESTS,
     WORKERS,
 )
-from kudos.sql import post_event
+from kudos.sql import draw_holds, post_event, release_holds
 from workers.models import Account, Worker
 
 # -- Who posts: the worker routes' first read --------------------------------------------------
@@ -81,13 +81,20 @@ def relayed() -> str:
     )
 
 
+# A submitted generation's request, still active (its hold drawn down by the charge) or ended
+# by it or before (its hold released).
+_STILL_ACTIVE = f"SELECT id AS request_id, %(cost)s::numeric AS charged FROM counted WHERE state = '{ACTIVE}'"
+_ENDED = f"SELECT id AS request_id FROM counted WHERE state <> '{ACTIVE}'"
+
+
 @cache
 def accept() -> str:
     """A submit's result, in one statement: the compare-and-set on the generation (whichever of
     the submit and the stale pass gets the row first wins; the other sees state != processing
     and changes nothing), the request's count and cost, the worker's speed and the largest context
-    it has served (`Worker.served_context`), and the kudos event that settles the generation
-    (`kudos.sql.post_event`, posted only if accepted). Returns 1 if accepted."""
+    it has served (`Worker.served_context`), the kudos event that settles the generation
+    (`kudos.sql.post_event`, posted only if accepted), and the request's hold: drawn down by
+    the charge while it is active, released once it is not. Returns 1 if accepted."""
     return f"""
     WITH accepted AS (
         UPDATE {GENERATIONS} SET
@@ -104,7 +111,7 @@ def accept() -> str:
             state = CASE WHEN t.state = '{ACTIVE}' AND t.finished >= t.n - 1 AND t.queued = 0
                          THEN '{REQUEST_DONE}' ELSE t.state END
         FROM accepted AS a WHERE t.id = a.request_id
-        RETURNING t.id
+        RETURNING t.id, t.state
     ),
     -- The speed is computed from the row itself, so concurrent submits by one worker both land.
     measured AS (
@@ -121,6 +128,8 @@ def accept() -> str:
         FROM accepted AS a WHERE w.id = a.worker_id
         RETURNING w.id
     ),
+    {draw_holds(rows=_STILL_ACTIVE)},
+    {release_holds(rows=_ENDED)},
     {post_event(guard="EXISTS (SELECT FROM accepted)")}
     -- Data-modifying WITH statements always run to completion, read or not.
     SELECT count(*) FROM accepted

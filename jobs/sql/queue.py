@@ -3,10 +3,9 @@
 from functools import cache
 
 from hordeops.rows import columns, insert_columns
-from jobs import eligibility, spending
+from jobs import eligibility
 from jobs.models import QUEUE_SHAPE, TextRequest
 from jobs.sql.names import (
-    ACCOUNTS,
     ACTIVE,
     GENERATIONS,
     PROCESSING,
@@ -15,7 +14,7 @@ from jobs.sql.names import (
     TEXT,
     folded,
 )
-from kudos.sql import WALLETS, post_event
+from kudos.sql import WALLETS, available, hold, post_event
 
 # -- The pop ---------------------------------------------------------------------------------
 
@@ -187,14 +186,8 @@ def claim() -> str:
 
 # -- Queueing a request ------------------------------------------------------------------------
 
-# The account's row, locked until the transaction ends: requests of one account queue one at a
-# time, so two cannot both take its last place (nor the same rank). NO KEY: a ledger event that
-# creates one of its wallets checks the row's key meanwhile, and must not wait for the lock.
-LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR NO KEY UPDATE"
-# Two accounts' transfers to each other, one at a time (%(pair)s names the pair in id order):
-# each reads the other's reverse-transfer guard. The two-key advisory space, apart from the
-# stale pass's one-key lock; its first key (b"kt", kudos transfers) namespaces it.
-LOCK_TRANSFER_PAIR = "SELECT pg_advisory_xact_lock(27508, hashtext(%(pair)s))"
+# A request's priority: its account's balance when it was queued, as a whole number.
+_PRIORITY = "LEAST(GREATEST(round(a.balance), -2147483648), 2147483647)::integer"
 
 
 @cache
@@ -202,20 +195,20 @@ def queue_request() -> str:
     """Insert the request (`insert_values` of it, but its fair rank and priority) at its fair
     rank, the account's waiting or running requests (counted to %(limit)s, on
     `request_active_by_account`), if they are fewer than %(limit)s and, where %(upfront)s, the
-    account can spend %(upfront_cost)s: its balance less %(floor)s less what its active requests
-    hold (`jobs.spending`). Its priority is the account's balance. The horde tax is posted with
-    it (`kudos.sql.post_event`). Returns the rank (NULL where refused), the account's count and
-    what it could spend (NULL where not %(upfront)s).
+    account can spend %(upfront_cost)s (`kudos.sql.available`: its balance less %(floor)s less
+    its holds). Its priority is the account's balance. Its cost is held (`kudos.sql.hold`) and
+    the horde tax posted (`kudos.sql.post_event`) with it. Returns the rank (NULL where
+    refused), the account's count and what it could spend (NULL where not %(upfront)s).
 
-    Run after LOCK_ACCOUNT in the same transaction: a statement of its own, so that its
-    snapshot, taken once the lock is held, sees every request the account queued before and
+    Run after `kudos.sql.LOCK_ACCOUNT` in the same transaction: a statement of its own, so that
+    its snapshot, taken once the lock is held, sees every request the account queued before and
     every spend it made.
     """
     names, values = insert_columns(TextRequest, exclude=("fair_rank", "priority"))
     return folded(f"""
         WITH admission AS (
             SELECT a.active, COALESCE(w.balance, 0) AS balance,
-                   CASE WHEN %(upfront)s THEN COALESCE(w.balance, 0) - %(floor)s - {spending.HELD_SQL} END
+                   CASE WHEN %(upfront)s THEN {available("COALESCE(w.balance, 0)")} END
                        AS available
             FROM (
                 SELECT count(*) AS active FROM (
@@ -227,10 +220,11 @@ def queue_request() -> str:
         ),
         queued AS (
             INSERT INTO {REQUESTS} ({names}, fair_rank, priority)
-            SELECT {values}, a.active, {spending.priority_sql("a.balance")} FROM admission AS a
+            SELECT {values}, a.active, {_PRIORITY} FROM admission AS a
             WHERE a.active < %(limit)s AND (NOT %(upfront)s OR a.available >= %(upfront_cost)s)
-            RETURNING fair_rank
+            RETURNING id, account_id, kudos_reserved, fair_rank
         ),
+        {hold(rows="SELECT id AS request_id, account_id, kudos_reserved AS amount FROM queued")},
         {post_event(guard="EXISTS (SELECT FROM queued)")}
         SELECT (SELECT fair_rank FROM queued), a.active, a.available FROM admission AS a
     """)

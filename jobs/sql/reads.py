@@ -1,4 +1,4 @@
-"""The status and the discovery routes' reads."""
+"""The status and the discovery routes' reads, and the holds' check."""
 
 from functools import cache
 
@@ -11,6 +11,7 @@ from jobs.sql.names import (
     REQUESTS,
     WORKERS,
 )
+from kudos.sql import HOLDS
 from workers.capacity import ONLINE_SQL
 
 # -- The status -------------------------------------------------------------------------------
@@ -127,3 +128,23 @@ def done_tokens_since() -> str:
         f"SELECT coalesce(sum(g.tokens), 0) FROM {GENERATIONS} AS g"
         f" WHERE g.state = '{DONE}' AND g.finished_at >= %(since)s"
     )
+
+
+# -- The holds ----------------------------------------------------------------------------------
+
+
+@cache
+def disagreeing_holds() -> str:
+    """The holds that disagree with their requests (`kudos.holds`): an active request's hold
+    missing, not its account's or not its cost less what it was charged, or a hold with no
+    active request. Returns (request id, request's account, what it should hold, hold's
+    account, what it holds), NULL for the side that is missing; at most 20."""
+    should = "GREATEST(r.kudos_reserved - r.kudos_spent, 0)"
+    return f"""
+        SELECT COALESCE(r.id, h.request_id), r.account_id, {should}, h.account_id, h.amount
+        FROM (SELECT * FROM {REQUESTS} WHERE state = '{ACTIVE}') AS r
+        FULL JOIN {HOLDS} AS h ON h.request_id = r.id
+        WHERE r.id IS NULL OR h.request_id IS NULL
+           OR h.account_id <> r.account_id OR h.amount <> {should}
+        LIMIT 20
+    """

@@ -98,7 +98,8 @@ def test_the_submit_costs_a_pinned_number_of_queries(requester, owner, django_as
     _, generation_id = _queue_and_pop(requester, owner)
     sizes.billions("any")  # the model table, read once per process every REFRESH_SECONDS
     # the key's account with the generation, its worker and request, and one statement for
-    # the compare-and-set, the request's count and cost, the worker's speed and the kudos.
+    # the compare-and-set, the request's count and cost, the worker's speed, the kudos and the
+    # request's hold.
     with django_assert_num_queries(2):
         assert owner.submit(generation_id, "done").status_code == 200
 

@@ -1,5 +1,5 @@
-"""POST /api/v2/kudos/transfer: kudos sent from what an account can spend, once per
-Idempotency-Key, within the AI Horde's limits."""
+"""POST /api/v2/kudos/transfer (`kudos.transfers`): kudos sent from what an account can spend,
+once per Idempotency-Key, within the AI Horde's limits."""
 
 import functools
 import threading
@@ -7,14 +7,14 @@ from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
-from django.db import connections
+from django.db import connections, transaction
 
 from front.moderation import suspend_accounts
 from hordeops import clock as hclock
 from hordeops import errors
-from jobs.services import transfer_kudos
 from kudos import ledger
 from kudos.models import Event
+from kudos.transfers import transfer_kudos
 from tests.conftest import give_kudos, race
 from workers.models import Account
 
@@ -145,7 +145,7 @@ def test_a_sender_locked_for_a_transfer_does_not_block_an_event_that_opens_its_e
     """A transfer or a queueing locks its payer's account row; an event that creates one of its
     wallets checks that row's key. The lock must let that check through, or a submit holding
     another wallet and a transfer waiting for that wallet deadlock."""
-    from jobs.sql import LOCK_ACCOUNT
+    from kudos.sql import LOCK_ACCOUNT
 
     sender, other = make_caller("sender"), make_caller("other")
     give_kudos(other, "10")
@@ -242,3 +242,46 @@ def test_two_accounts_sending_to_each_other_at_once_move_kudos_one_way_only(make
         assert sorted(map(str, answers)) == ["5", "TooFastKudosTransfers"], answers
     assert Event.objects.filter(kind=Event.Kind.TRANSFER).count() == 3
     call_command("check_kudos")
+
+
+def test_a_flagged_account_cannot_transfer_as_the_ai_horde_refuses_it(requester, owner, clock):
+    give_kudos(requester, "100")
+    Account.objects.filter(pk=requester.account.pk).update(flagged_at=hclock.now())
+    refused = _send(requester, _alias(owner), 5)
+    assert (refused.status_code, refused.json()) == (
+        400,
+        {
+            "message": "Your account has been flagged for suspicious activity. Please contact the mods.",
+            "rc": "SourceAccountFlagged",
+        },
+    )
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
+    # Its receivers may still send to it.
+    give_kudos(owner, "100")
+    assert _send(owner, _alias(requester), 5).status_code == 200
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def test_a_transfer_rolled_back_leaves_no_guard_against_the_transfer_back(requester, owner, clock):
+    give_kudos(requester, "100")
+    give_kudos(owner, "100")
+    with pytest.raises(_RolledBack), transaction.atomic():
+        transfer_kudos(source=requester.account, username=_alias(owner), amount=5)
+        raise _RolledBack  # the caller's transaction fails after the transfer's own
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
+    assert _send(owner, _alias(requester), 5).status_code == 200
+
+
+def test_the_guard_is_the_committed_transfer_and_ends_a_minute_after_it(requester, owner, clock):
+    give_kudos(requester, "100")
+    give_kudos(owner, "100")
+    assert transfer_kudos(source=requester.account, username=_alias(owner), amount=5) == 5
+    clock.shift(59)
+    with pytest.raises(errors.KudosValidationError) as refused:
+        transfer_kudos(source=owner.account, username=_alias(requester), amount=5)
+    assert refused.value.code == "TooFastKudosTransfers"
+    clock.shift(2)
+    assert transfer_kudos(source=owner.account, username=_alias(requester), amount=5) == 5

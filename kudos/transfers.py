@@ -1,5 +1,5 @@
 """Kudos transfers between accounts (the AI Horde's `POST /v2/kudos/transfer`): from what the
-sender can spend, once per Idempotency-Key."""
+sender may spend (`kudos.holds`), once per Idempotency-Key, never straight back."""
 
 import hashlib
 import re
@@ -8,11 +8,9 @@ from decimal import Decimal
 from uuid import uuid4
 
 from django.db import connection, transaction
-from django_redis import get_redis_connection
 
 from hordeops import clock, errors
-from jobs import spending, sql
-from kudos import ledger, rates
+from kudos import holds, ledger, sql
 from kudos.models import Event, Posting
 from workers.models import Account
 
@@ -62,18 +60,15 @@ def _target(username: str) -> Account | None:
     return Account.objects.filter(pk=int(digits), suspended_at__isnull=True).first()
 
 
-def _reverse_key(source_id: int, target_id: int) -> str:
-    return f"hordeops:kudos-transfer:{source_id}-{target_id}"
-
-
 def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_key: str | None = None) -> int:
     """Move `amount` kudos from `source` to the account `username` names; return what moved.
 
-    Refused (KudosValidationError, with the AI Horde's rc) from or to the anonymous account, to
-    a suspended or unknown account, to oneself, for an amount not positive, back to an account
-    that sent to `source` within a minute, or past what `source` can spend (`jobs.spending`),
-    decided under the lock on `source` that queueing takes. A retry with the same
-    Idempotency-Key moves nothing and answers the same; the key with another transfer is refused."""
+    Refused (KudosValidationError, with the AI Horde's rc) from or to the anonymous account,
+    from a flagged account (`Account.flagged_at`), to a suspended or unknown account, to
+    oneself, for an amount not positive, back to an account that sent to `source` within a
+    minute, or past what `source` may spend (`kudos.holds`), decided under the lock on `source`
+    that queueing takes. A retry with the same Idempotency-Key moves nothing and answers the
+    same; the key with another transfer is refused."""
     if source.is_anonymous:
         raise _refused("You cannot transfer Kudos from Anonymous, smart-ass.", "KudosTransferFromAnon")
     target = _target(username)
@@ -84,11 +79,15 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
         raise _refused(message, "KudosTransferToAnon")
     if target.pk == source.pk:
         raise _refused("Cannot send kudos to yourself, ya monkey!", "KudosTransferToSelf")
+    if source.flagged_at is not None:
+        # The AI Horde's rc, where it checks it; of its two flagged messages, the one that
+        # speaks to the sender (it gives them the other way round).
+        message = "Your account has been flagged for suspicious activity. Please contact the mods."
+        raise _refused(message, "SourceAccountFlagged")
     if amount < 0:
         raise _refused("Nice try...", "NegativeKudosTransfer")
     if amount == 0:
         raise _refused("Transfer amount must be positive.", "InvalidKudosTransferAmount")
-    redis = get_redis_connection("default")
     now = clock.now()
     key = _event_key(source.pk, idempotency_key or str(uuid4()))
     moved = Decimal(amount)
@@ -101,14 +100,15 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
             cursor.execute(sql.LOCK_ACCOUNT, {"account_id": source.pk})
             if idempotency_key and Event.objects.filter(key=key).exists():
                 return _replayed(key, source=source, target=target, amount=moved)
-            until = redis.get(_reverse_key(target.pk, source.pk))  # when the guard ends, on the horde's clock
-            if until is not None and float(until) > now.timestamp():
-                message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
-                raise _refused(message, "TooFastKudosTransfers")
-            floor = rates.floor(anonymous=False)
-            cursor.execute(spending.available_sql(), {"account_id": source.pk, "floor": floor})
-            (available,) = cursor.fetchone()
-        if available < moved:
+            # The guard is the ledger's own: a transfer the other way, committed before this
+            # one took the pair's lock, or rolled back and so never there.
+            guard = {"target": target.pk, "source": source.pk, "since": now - REVERSE_WAIT}
+            cursor.execute(sql.SENT_SINCE, guard)
+            (sent_back,) = cursor.fetchone()
+        if sent_back:
+            message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
+            raise _refused(message, "TooFastKudosTransfers")
+        if holds.available(account_id=source.pk) < moved:
             raise _refused("Not enough kudos.", "KudosTransferNotEnough")
         ledger.post(
             kind=Event.Kind.TRANSFER,
@@ -116,9 +116,6 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
             entries=[ledger.to_account(source.pk, -moved), ledger.to_account(target.pk, moved)],
             now=now,
         )
-        # Set before the pair's lock is released, so the reverse transfer waiting on it reads it.
-        until = (now + REVERSE_WAIT).timestamp()
-        redis.set(_reverse_key(source.pk, target.pk), until, ex=int(REVERSE_WAIT.total_seconds()))
     return amount
 
 
