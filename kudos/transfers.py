@@ -64,7 +64,7 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
     """Move `amount` kudos from `source` to the account `username` names; return what moved.
 
     Refused (KudosValidationError, with the AI Horde's rc) from or to the anonymous account,
-    from a flagged account (`Account.flagged_at`), to a suspended or unknown account, to
+    from or to a flagged account (`Account.flagged_at`), to a suspended or unknown account, to
     oneself, for an amount not positive, back to an account that sent to `source` within a
     minute, or past what `source` may spend (`kudos.holds`), decided under the lock on `source`
     that queueing takes. A retry with the same Idempotency-Key moves nothing and answers the
@@ -84,6 +84,10 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
         # speaks to the sender (it gives them the other way round).
         message = "Your account has been flagged for suspicious activity. Please contact the mods."
         raise _refused(message, "SourceAccountFlagged")
+    if target.flagged_at is not None:
+        # The AI Horde's rc; its words for it are the sender's, so these say whose account it is.
+        message = "The target account has been flagged for suspicious activity. Please contact the mods."
+        raise _refused(message, "TargetAccountFlagged")
     if amount < 0:
         raise _refused("Nice try...", "NegativeKudosTransfer")
     if amount == 0:

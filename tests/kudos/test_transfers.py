@@ -244,7 +244,7 @@ def test_two_accounts_sending_to_each_other_at_once_move_kudos_one_way_only(make
     call_command("check_kudos")
 
 
-def test_a_flagged_account_cannot_transfer_as_the_ai_horde_refuses_it(requester, owner, clock):
+def test_a_flagged_account_can_neither_send_nor_receive_kudos(requester, owner, clock):
     give_kudos(requester, "100")
     Account.objects.filter(pk=requester.account.pk).update(flagged_at=hclock.now())
     refused = _send(requester, _alias(owner), 5)
@@ -256,9 +256,12 @@ def test_a_flagged_account_cannot_transfer_as_the_ai_horde_refuses_it(requester,
         },
     )
     assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
-    # Its receivers may still send to it.
+    # Nor receive: the AI Horde refuses a transfer to a flagged account too.
     give_kudos(owner, "100")
-    assert _send(owner, _alias(requester), 5).status_code == 200
+    refused = _send(owner, _alias(requester), 5)
+    assert (refused.status_code, refused.json()["rc"]) == (400, "TargetAccountFlagged")
+    assert "target account has been flagged" in refused.json()["message"]
+    assert not Event.objects.filter(kind=Event.Kind.TRANSFER).exists()
 
 
 class _RolledBack(Exception):
