@@ -228,7 +228,30 @@ def modify_worker(
 ) -> dict[str, Any]:
     """PUT /api/v2/workers/{id}, as the AI Horde rules it: the owner or a moderator may set
     maintenance, the info note and the name, a moderator alone `paused`; return what changed."""
-    caller = authenticate(api_key=api_key)
+    return change_worker(
+        caller=authenticate(api_key=api_key),
+        worker_id=worker_id,
+        maintenance=maintenance,
+        maintenance_msg=maintenance_msg,
+        info=info,
+        name=name,
+        paused=paused,
+        team=team,
+    )
+
+
+def change_worker(
+    *,
+    caller: Account,
+    worker_id: UUID,
+    maintenance: bool | None = None,
+    maintenance_msg: str | None = None,
+    info: str | None = None,
+    name: str | None = None,
+    paused: bool | None = None,
+    team: str | None = None,
+) -> dict[str, Any]:
+    """`modify_worker`'s rules for a caller already signed in (the account page's owner)."""
     with transaction.atomic():
         worker = Worker.objects.live().select_for_update().filter(pk=worker_id).first()
         if worker is None:
