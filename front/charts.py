@@ -12,7 +12,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 WIDTH, HEIGHT = 720, 170
-LEFT, BOTTOM, TOP = 56, 22, 8  # room for the scale's labels and the days'
+LEFT, RIGHT, BOTTOM, TOP = 56, 24, 22, 8  # room for the scale's labels and the days'
 LABEL_EVERY = 7  # days
 
 
@@ -31,7 +31,7 @@ def _number(value: int | float | Decimal) -> str:
 def daily_bars(*, title: str, days: list[date], series: list[Series]) -> SafeString:
     """An SVG of `series` side by side for each of `days`, oldest on the left."""
     peak = max((float(s.values.get(day, 0)) for s in series for day in days), default=0.0)
-    plot_w, plot_h = WIDTH - LEFT, HEIGHT - BOTTOM - TOP
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - BOTTOM - TOP
     step = plot_w / max(len(days), 1)
     bar_w = step * 0.8 / max(len(series), 1)
     bars, labels = [], []
@@ -49,8 +49,8 @@ def daily_bars(*, title: str, days: list[date], series: list[Series]) -> SafeStr
     return format_html(
         '<svg class="chart" viewBox="0 0 {w} {h}" role="img" aria-label="{title}, peak {peak}">'
         "<title>{title}</title>"
-        '<line class="axis" x1="{left}" y1="{base}" x2="{w}" y2="{base}"></line>'
-        '<text class="scale" x="{lx}" y="{top_y}" text-anchor="end">{peak}</text>'
+        '<line class="axis" x1="{left}" y1="{base}" x2="{right}" y2="{base}"></line>'
+        "{scale}"
         '<text class="scale" x="{lx}" y="{base}" text-anchor="end">0</text>'
         "{bars}{labels}</svg>",
         w=WIDTH,
@@ -58,9 +58,14 @@ def daily_bars(*, title: str, days: list[date], series: list[Series]) -> SafeStr
         title=title,
         peak=_number(peak),
         left=LEFT,
+        right=LEFT + plot_w,
         base=TOP + plot_h,
         lx=LEFT - 6,
-        top_y=TOP + 10,
+        scale=format_html(
+            '<text class="scale" x="{}" y="{}" text-anchor="end">{}</text>', LEFT - 6, TOP + 10, _number(peak)
+        )
+        if peak
+        else "",
         bars=format_html_join(
             "",
             '<rect class="{}" x="{}" y="{}" width="{}" height="{}"><title>{}</title></rect>',
