@@ -1,7 +1,8 @@
 """What an account has been doing, as the accounts list shows it to moderators: its requests
 and the tokens they were given in the last hour and day, and what its workers gave back and
 left uncompleted. Annotations of an account queryset, each a subquery (no GROUP BY on the list:
-its actions lock the rows), so that every column can be sorted.
+its actions lock the rows), so that every column can be sorted. And, for the account page, the
+tokens an account was given and served a day (`daily_tokens`).
 """
 
 from datetime import date, datetime, timedelta

@@ -215,29 +215,11 @@ def count_aborts(*, counts: Counter[UUID], now: datetime, given_back: bool = Fal
     return [name for _, _, name, in_maintenance, *_ in rows if in_maintenance]
 
 
-def modify_worker(
-    *,
-    api_key: str | None,
-    worker_id: UUID,
-    maintenance: bool | None = None,
-    maintenance_msg: str | None = None,
-    info: str | None = None,
-    name: str | None = None,
-    paused: bool | None = None,
-    team: str | None = None,
-) -> dict[str, Any]:
+def modify_worker(*, api_key: str | None, worker_id: UUID, **changes: Any) -> dict[str, Any]:
     """PUT /api/v2/workers/{id}, as the AI Horde rules it: the owner or a moderator may set
-    maintenance, the info note and the name, a moderator alone `paused`; return what changed."""
-    return change_worker(
-        caller=authenticate(api_key=api_key),
-        worker_id=worker_id,
-        maintenance=maintenance,
-        maintenance_msg=maintenance_msg,
-        info=info,
-        name=name,
-        paused=paused,
-        team=team,
-    )
+    maintenance, the info note and the name, a moderator alone `paused`; return what changed.
+    `changes` are `change_worker`'s."""
+    return change_worker(caller=authenticate(api_key=api_key), worker_id=worker_id, **changes)
 
 
 def change_worker(
@@ -251,7 +233,8 @@ def change_worker(
     paused: bool | None = None,
     team: str | None = None,
 ) -> dict[str, Any]:
-    """`modify_worker`'s rules for a caller already signed in (the account page's owner)."""
+    """A worker changed by `caller` (`modify_worker`'s rules), for a caller already signed in:
+    the route's, or the account page's owner."""
     with transaction.atomic():
         worker = Worker.objects.live().select_for_update().filter(pk=worker_id).first()
         if worker is None:

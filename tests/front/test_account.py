@@ -15,7 +15,7 @@ from django_redis import get_redis_connection
 
 from jobs.models import Generation
 from kudos import ledger
-from kudos.models import Event, Hold, TextModel, Wallet
+from kudos.models import Hold, TextModel
 from tests.conftest import give_kudos
 from workers import services
 from workers.models import Worker
@@ -37,15 +37,7 @@ def page(client: Client, path: str = "/account") -> str:
 
 
 def award(caller, amount: str, reason: str = "") -> None:
-    ledger.post(
-        kind=Event.Kind.AWARD,
-        key=f"award:{caller.account.pk}:{uuid.uuid4()}",
-        entries=[
-            ledger.to_system(Wallet.System.TREASURY, -Decimal(amount)),
-            ledger.to_account(caller.account.pk, Decimal(amount)),
-        ],
-        reason=reason,
-    )
+    give_kudos(caller, amount, reason=reason)
 
 
 def test_the_page_asks_for_the_key_in_a_field_named_apikey_and_signs_in_with_it(requester):
