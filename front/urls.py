@@ -2,10 +2,15 @@
 
 from django.urls import path
 
-from front import pages
+from front import account, pages
 
 app_name = "front"
 
 urlpatterns = [
     path("", pages.home, name="home"),
+    path("account", account.account_page, name="account"),
+    path("account/sign-out", account.sign_out, name="sign-out"),
+    path("account/reset", account.reset_key, name="reset-key"),
+    path("account/transfer", account.transfer, name="transfer"),
+    path("account/workers/<uuid:worker_id>/maintenance", account.worker_maintenance, name="maintenance"),
 ]

@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured, RequestAborted, Suspici
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.http import Http404, HttpResponseBase
-from django.urls import Resolver404, get_resolver, reverse, set_script_prefix
+from django.urls import Resolver404, get_resolver, set_script_prefix
 
 from hordeops import clock, errors, streams
 
@@ -51,8 +51,9 @@ class HordeASGIHandler(ASGIHandler):
     WEB_SYNC_THREADS threads, so that the database connection is checked and given back on
     the thread that used it. The event loop only reads the body and writes the answer.
 
-    The admin's pages get the whole middleware chain; every other path skips what only they
-    use (`ADMIN_ONLY_MIDDLEWARE`: sessions, CSRF, logins, messages): the API has none of them.
+    The pages (the admin's, and people's: `/account`) get the whole middleware chain; the API's
+    paths (`API_PATHS`) skip what only pages use (`PAGE_ONLY_MIDDLEWARE`: sessions, CSRF,
+    logins, messages): the API has none of them.
 
     Async views (the chat relays) take Django's async path, but outside the per-request
     `ThreadSensitiveContext` that Django's `__call__` opens: that context gives each request
@@ -64,10 +65,9 @@ class HordeASGIHandler(ASGIHandler):
 
     def __init__(self) -> None:
         super().__init__()
-        self._admin_prefix = reverse("admin:index")  # the admin's pages are the paths under it
-        self._admin_handler = _sync_handler(settings.MIDDLEWARE)
+        self._page_handler = _sync_handler(settings.MIDDLEWARE)
         self._api_handler = _sync_handler(
-            [name for name in settings.MIDDLEWARE if name not in settings.ADMIN_ONLY_MIDDLEWARE]
+            [name for name in settings.MIDDLEWARE if name not in settings.PAGE_ONLY_MIDDLEWARE]
         )
         self._sync_threads = ThreadPoolExecutor(
             max_workers=settings.WEB_SYNC_THREADS, thread_name_prefix="hordeops-sync"
@@ -195,8 +195,8 @@ class HordeASGIHandler(ASGIHandler):
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
         if request is not None:
-            admin = request.path_info.startswith(self._admin_prefix)
-            response = (self._admin_handler if admin else self._api_handler).get_response(request)
+            api = request.path_info.startswith(settings.API_PATHS)
+            response = (self._api_handler if api else self._page_handler).get_response(request)
             response._handler_class = self.__class__
         if not response.streaming:
             # The content is bytes already; closing now sends request_finished, which

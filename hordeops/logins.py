@@ -1,6 +1,7 @@
 """Failed admin logins, counted in Redis per client address, per user name from one address,
 and per user name from anywhere; past their bounds the admin refuses logins until the window
-that began with the first failure ends (ADMIN_LOGIN_* settings).
+that began with the first failure ends (ADMIN_LOGIN_* settings). The account page's sign-ins
+with a key are counted the same way, the key's hash standing as the name (`front/account.py`).
 
 A public horde's moderator accounts are one password away from its accounts and workers:
 without a bound, a password can be tried without end. But a bound on a name alone lets anyone
@@ -96,11 +97,11 @@ def lockout(*, request: HttpRequest, username: str) -> Lockout | None:
     return None
 
 
-def record_failure(*, request: HttpRequest | None, username: str) -> None:
+def record_failure(*, request: HttpRequest | None, username: str, what: str = "admin login") -> None:
     """Count a failed login against its address, its name from there and its name (each window
-    starts at its first failure)."""
+    starts at its first failure). `what` names the sign-in in the log (the account page's)."""
     address = address_of(request) if request is not None else ""
-    logger.warning("admin login failed for user %r from %s", username, address or "?")
+    logger.warning("%s failed for user %r from %s", what, username, address or "?")
     try:
         pipe = get_redis_connection("default").pipeline(transaction=False)
         for key in _keys(address, username).values():

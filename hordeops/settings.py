@@ -175,10 +175,11 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
-# What only the admin's pages use (sessions, logins, forms, flash messages): a request for any
-# other path, the API's among them, skips these (hordeops/asgi.py): work for nothing on every
-# API request.
-ADMIN_ONLY_MIDDLEWARE = (
+# What only the pages use, the admin's and people's (sessions, logins, forms, flash messages):
+# a request for an API path (`API_PATHS`) skips these (hordeops/asgi.py): work for nothing on
+# every API request.
+API_PATHS = ("/api/", "/v1/", "/metrics")
+PAGE_ONLY_MIDDLEWARE = (
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

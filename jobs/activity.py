@@ -1,10 +1,11 @@
 """What an account has been doing, as the accounts list shows it to moderators: its requests
 and the tokens they were given in the last hour and day, and what its workers gave back and
 left uncompleted. Annotations of an account queryset, each a subquery (no GROUP BY on the list:
-its actions lock the rows), so that every column can be sorted.
+its actions lock the rows), so that every column can be sorted. And, for the account page, the
+tokens an account was given and served a day (`daily_tokens`).
 """
 
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Sum
@@ -52,3 +53,14 @@ def with_activity(accounts: QuerySet, *, now: datetime) -> QuerySet:
         given_back=_workers_total("given_back"),
         uncompleted=_workers_total("uncompleted_jobs"),
     )
+
+
+def daily_tokens(*, account_id: int, since: datetime) -> tuple[dict[date, int], dict[date, int]]:
+    """The tokens an account was given as a requester and its workers gave, each UTC day from
+    `since` (the account page's chart)."""
+    lifetime = timedelta(seconds=settings.TEXT_REQUEST_LIFETIME_SECONDS)
+    requested = Generation.objects.filter(
+        request__account_id=account_id, request__created_at__gte=since - lifetime
+    ).tokens_per_day(since=since)
+    served = Generation.objects.filter(worker__account_id=account_id).tokens_per_day(since=since)
+    return requested, served

@@ -1,9 +1,10 @@
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import F, Func, Q
+from django.db.models import F, Func, Q, Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from kudos.models import ZERO, amount_field
@@ -251,6 +252,17 @@ class QueuedModel(models.Model):
 class GenerationQuerySet(models.QuerySet["Generation"]):
     def processing(self) -> "GenerationQuerySet":
         return self.filter(state=Generation.State.PROCESSING)
+
+    def tokens_per_day(self, *, since: datetime) -> dict[date, int]:
+        """The tokens these generations produced each UTC day from `since`, by when they finished."""
+        rows = (
+            self.filter(finished_at__gte=since, tokens__isnull=False)
+            .annotate(day=TruncDate("finished_at", tzinfo=UTC))
+            .order_by()
+            .values("day")
+            .annotate(total=Sum("tokens"))
+        )
+        return {row["day"]: row["total"] for row in rows}
 
     def over_capacity(self) -> "GenerationQuerySet":
         return self.filter(fallback_tier__gt=1)

@@ -8,11 +8,12 @@ transaction commits, postings and events are never updated or deleted (a correct
 event), and a business event's key is posted once.
 """
 
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 from django.db import models
 from django.db.models import Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from workers.models import Account
@@ -152,6 +153,27 @@ class PostingQuerySet(models.QuerySet["Posting"]):
     def total(self) -> Decimal:
         """The sum of these postings: zero over the whole ledger."""
         return self.aggregate(total=Coalesce(Sum("amount"), ZERO))["total"]
+
+    def of_account(self, account_id: int) -> "PostingQuerySet":
+        """The postings of an account's wallets (spendable and escrow), newest first."""
+        return self.filter(wallet__account_id=account_id).order_by("-id")
+
+    def per_day(self, *, since: datetime) -> dict[date, tuple[Decimal, Decimal]]:
+        """What these postings added and took away each UTC day from `since`: (in, out), out
+        positive. The escrow's release on trust is left out: it moves kudos between an
+        account's own wallets, and would count once in and once out."""
+        rows = (
+            self.filter(event__created_at__gte=since)
+            .exclude(event__kind=Event.Kind.PROMOTION)
+            .annotate(day=TruncDate("event__created_at", tzinfo=UTC))
+            .order_by()
+            .values("day")
+            .annotate(
+                added=Coalesce(Sum("amount", filter=Q(amount__gt=0)), ZERO),
+                taken=Coalesce(Sum("amount", filter=Q(amount__lt=0)), ZERO),
+            )
+        )
+        return {row["day"]: (row["added"], -row["taken"]) for row in rows}
 
 
 class Posting(models.Model):

@@ -9,7 +9,7 @@ from uuid import uuid4
 
 from django.db import connection, transaction
 
-from hordeops import clock, errors
+from hordeops import clock, errors, ratelimit
 from kudos import holds, ledger, sql
 from kudos.models import Event, Posting
 from workers.models import Account
@@ -38,6 +38,21 @@ def idempotency_key(*, header: str | None) -> str | None:
         )
         raise _refused(message, "InvalidIdempotencyKey")
     return header
+
+
+# The AI Horde's limits on one account's transfers: one a second and 90 an hour.
+RATES = ((1.0, 1, "second"), (90 / 3600, 90, "hour"))
+
+
+def take_rate(*, account_id: int) -> None:
+    """Spend one of the account's transfers (`RATES`), on the route and the account page alike,
+    or refuse (429) with the wait. Kept per account, not per key: a reset key does not start afresh."""
+    buckets = [
+        ratelimit.Bucket(f"hordeops:rate:transfer:{per}:{account_id}", rate, burst)
+        for rate, burst, per in RATES
+    ]
+    if wait := ratelimit.take(buckets):
+        raise errors.RateLimited(wait_seconds=wait, refusal="transfers")
 
 
 def _event_key(source_id: int, client_key: str) -> str:

@@ -1,14 +1,12 @@
 """The horde's account routes (the AI Horde's `/find_user`, `/users/{id}`): parse, read, shape
 the answer with `kudos.details`; and its kudos transfer (`kudos.transfers`)."""
 
-import hashlib
-
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hordeops import clock, errors, ratelimit
+from hordeops import clock, errors
 from hordeops.parsing import ascii_int
 from hordeops.serializers import APIKEY_AUTH, OPTIONAL_APIKEY_AUTH, HordeErrorOutput
 from kudos import serializers as s
@@ -51,8 +49,6 @@ class UserView(APIView):
         return Response(answer)
 
 
-# The AI Horde's limits on one key's transfers: one a second and 90 an hour.
-TRANSFER_RATES = ((1.0, 1, "second"), (90 / 3600, 90, "hour"))
 # 408 and 413: the body's bounds; 503: the database's.
 TRANSFER_ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404, 408, 409, 413, 429, 503)}
 
@@ -80,15 +76,7 @@ class KudosTransferView(APIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         key = transfers.idempotency_key(header=request.headers.get("Idempotency-Key"))
-        digest = hashlib.sha256(request.headers["apikey"].encode()).hexdigest()[:32]
-        wait = ratelimit.take(
-            [
-                ratelimit.Bucket(f"hordeops:rate:transfer:{per}:{digest}", rate, burst)
-                for rate, burst, per in TRANSFER_RATES
-            ]
-        )
-        if wait:
-            raise errors.RateLimited(wait_seconds=wait, refusal="transfers")
+        transfers.take_rate(account_id=account.pk)
         moved = transfers.transfer_kudos(
             source=account, username=data["username"], amount=data["amount"], idempotency_key=key
         )

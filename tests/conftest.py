@@ -165,7 +165,7 @@ def trusted_owner(make_caller) -> Caller:
     return make_caller("trusted-owner", trusted=True)
 
 
-def give_kudos(caller: Caller, amount: str = "100000") -> None:
+def give_kudos(caller: Caller, amount: str = "100000", *, reason: str = "") -> None:
     """Award `caller`'s account kudos, minted: enough to queue requests that need them upfront."""
     from kudos import ledger
     from kudos.models import Event, Wallet
@@ -177,6 +177,7 @@ def give_kudos(caller: Caller, amount: str = "100000") -> None:
             ledger.to_system(Wallet.System.TREASURY, -Decimal(amount)),
             ledger.to_account(caller.account.pk, Decimal(amount)),
         ],
+        reason=reason,
     )
 
 

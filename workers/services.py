@@ -215,9 +215,16 @@ def count_aborts(*, counts: Counter[UUID], now: datetime, given_back: bool = Fal
     return [name for _, _, name, in_maintenance, *_ in rows if in_maintenance]
 
 
-def modify_worker(
+def modify_worker(*, api_key: str | None, worker_id: UUID, **changes: Any) -> dict[str, Any]:
+    """PUT /api/v2/workers/{id}, as the AI Horde rules it: the owner or a moderator may set
+    maintenance, the info note and the name, a moderator alone `paused`; return what changed.
+    `changes` are `change_worker`'s."""
+    return change_worker(caller=authenticate(api_key=api_key), worker_id=worker_id, **changes)
+
+
+def change_worker(
     *,
-    api_key: str | None,
+    caller: Account,
     worker_id: UUID,
     maintenance: bool | None = None,
     maintenance_msg: str | None = None,
@@ -226,9 +233,8 @@ def modify_worker(
     paused: bool | None = None,
     team: str | None = None,
 ) -> dict[str, Any]:
-    """PUT /api/v2/workers/{id}, as the AI Horde rules it: the owner or a moderator may set
-    maintenance, the info note and the name, a moderator alone `paused`; return what changed."""
-    caller = authenticate(api_key=api_key)
+    """A worker changed by `caller` (`modify_worker`'s rules), for a caller already signed in:
+    the route's, or the account page's owner."""
     with transaction.atomic():
         worker = Worker.objects.live().select_for_update().filter(pk=worker_id).first()
         if worker is None:

@@ -167,7 +167,7 @@ def test_the_admins_own_static_files_are_still_served():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_only_the_admins_pages_pass_the_admin_only_middleware(monkeypatch):
+def test_only_the_pages_pass_the_page_only_middleware(monkeypatch):
     from django.contrib.messages.middleware import MessageMiddleware
     from django.contrib.sessions.middleware import SessionMiddleware
     from django.middleware.csrf import CsrfViewMiddleware
@@ -198,3 +198,6 @@ def test_only_the_admins_pages_pass_the_admin_only_middleware(monkeypatch):
         "MessageMiddleware /admin/login/",
         "CsrfViewMiddleware /admin/login/",
     ]
+    seen.clear()
+    assert _get(asgi.application, "/")[0] == 200  # people's pages sign in with a session too
+    assert seen == ["SessionMiddleware /", "MessageMiddleware /"]
