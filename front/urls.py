@@ -2,10 +2,11 @@
 
 from django.urls import path
 
-from front import pages
+from front import pages, signup
 
 app_name = "front"
 
 urlpatterns = [
     path("", pages.home, name="home"),
+    path("register", signup.register, name="register"),
 ]

@@ -61,6 +61,12 @@ WORKER_LIMIT_TRUSTED = env_int("WORKER_LIMIT_TRUSTED", 20)
 # Workers of untrusted accounts, whatever account, from one client address (an IPv6 one by its
 # /64); loopback is not limited (the operator's own workers); 0 turns the limit off.
 WORKER_LIMIT_PER_ADDRESS = env_int("WORKER_LIMIT_PER_ADDRESS", 3)
+# Accounts the sign-up page (/register) makes from one client address (an IPv6 one by its /64) in
+# a day; loopback is not limited; 0 turns the limit off.
+REGISTRATIONS_PER_ADDRESS = env_int("REGISTRATIONS_PER_ADDRESS", 3)
+# The sign-up's proof of work (front/signup.py): the browser tries up to this many numbers, half
+# of them on average, to find the one whose SHA-256 the challenge names (about a second at 100,000).
+SIGNUP_CHALLENGE_MAX_NUMBER = env_int("SIGNUP_CHALLENGE_MAX_NUMBER", 100_000)
 # Suspicions (workers/suspicion.py) that flag an untrusted account: its workers are offered no
 # jobs and it is never trusted automatically (the AI Horde's 5).
 SUSPICION_THRESHOLD = env_int("SUSPICION_THRESHOLD", 5)
