@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from front import account, pages
+from front import account, pages, signup
 
 app_name = "front"
 
@@ -13,4 +13,5 @@ urlpatterns = [
     path("account/reset", account.reset_key, name="reset-key"),
     path("account/transfer", account.transfer, name="transfer"),
     path("account/workers/<uuid:worker_id>/maintenance", account.worker_maintenance, name="maintenance"),
+    path("register", signup.register, name="register"),
 ]

@@ -304,6 +304,24 @@ class RaidMode(DomainError, code="RaidMode", status=403):
     )
 
 
+class SignUpClosedInRaid(RaidMode):
+    # The AI Horde's words; it lets OAuth accounts register still, and this horde has no OAuth yet.
+    default_message = (
+        "We cannot allow anonymous registrations at the moment: this horde is defending itself "
+        "from a raid, and sign-up is closed until it ends. Please try again later."
+    )
+
+
+class TooManyRegistrations(DomainError, code="TooManyRegistrations", status=429):
+    default_message = "Too many accounts were made from your address today."
+
+    def __init__(self, allowed: int) -> None:
+        super().__init__(
+            f"To prevent abuse, at most {allowed} accounts may be made from one address in a day. "
+            "Please try again tomorrow."
+        )
+
+
 class TooManyWorkers(DomainError, code="TooManyWorkers", status=403):
     default_message = "This account runs as many workers as it may."
 

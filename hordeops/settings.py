@@ -61,6 +61,13 @@ WORKER_LIMIT_TRUSTED = env_int("WORKER_LIMIT_TRUSTED", 20)
 # Workers of untrusted accounts, whatever account, from one client address (an IPv6 one by its
 # /64); loopback is not limited (the operator's own workers); 0 turns the limit off.
 WORKER_LIMIT_PER_ADDRESS = env_int("WORKER_LIMIT_PER_ADDRESS", 3)
+# Accounts the sign-up page (/register) makes from one client address (an IPv6 one by its /64) in
+# a day; loopback is not limited; 0 turns the limit off.
+REGISTRATIONS_PER_ADDRESS = env_int("REGISTRATIONS_PER_ADDRESS", 3)
+# The sign-up's proof of work (front/signup.py): the browser tries up to this many numbers, half
+# of them on average, to find the one whose SHA-256 the challenge names: about a second in a
+# desktop Chromium at 500,000 (250,000 hashes a second).
+SIGNUP_CHALLENGE_MAX_NUMBER = env_int("SIGNUP_CHALLENGE_MAX_NUMBER", 500_000)
 # Suspicions (workers/suspicion.py) that flag an untrusted account: its workers are offered no
 # jobs and it is never trusted automatically (the AI Horde's 5).
 SUSPICION_THRESHOLD = env_int("SUSPICION_THRESHOLD", 5)
@@ -87,6 +94,10 @@ ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 # A count made on every pop reaches Redis within this many seconds (0: at once): hordeops/metrics.py.
 METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 1.0)
+
+# Where the home page's documentation link goes (the repository's README or docs/ as this horde
+# publishes them); empty: the page names them without a link.
+DOCS_URL = env_str("DOCS_URL", "")
 
 # --- Django ----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)

@@ -60,7 +60,7 @@ def user_details(
         "moderator": account.moderator,
         "trusted": account.trusted,
         "flagged": False,
-        "pseudonymous": account.is_anonymous,
+        "pseudonymous": account.is_anonymous or account.pseudonymous,
         "worker_count": len(workers),
         "account_age": max(0, int((now - account.created_at).total_seconds())),
         "service": False,

@@ -21,13 +21,12 @@ from kudos import rates, sql
 from kudos.models import ZERO, Hold
 
 
-def available(*, account_id: int, anonymous: bool = False) -> Decimal:
+def available(*, account_id: int, anonymous: bool = False, pseudonymous: bool = False) -> Decimal:
     """What the account may spend now. Read after `kudos.sql.LOCK_ACCOUNT` in the caller's
     transaction, and spent in it, for the answer to hold until it commits."""
+    floor = rates.floor(anonymous=anonymous, pseudonymous=pseudonymous)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {sql.available()}", {"account_id": account_id, "floor": rates.floor(anonymous=anonymous)}
-        )
+        cursor.execute(f"SELECT {sql.available()}", {"account_id": account_id, "floor": floor})
         (amount,) = cursor.fetchone()
     return amount
 

@@ -15,6 +15,8 @@ HORDE_TAX = 1
 # The least a spendable balance may be (`get_min_kudos`): a debit past it is forgiven, and a
 # balance below it is raised to it by its next movement.
 ANONYMOUS_FLOOR = Decimal(-50)
+# An account signed up with no identity behind it (`Account.pseudonymous`).
+PSEUDONYMOUS_FLOOR = Decimal(14)
 ACCOUNT_FLOOR = Decimal(25)
 # What a worker earns for staying online, every UPTIME_SECONDS.
 UPTIME_SECONDS = 600
@@ -40,9 +42,11 @@ UNKNOWN_MODEL_BILLIONS = 2.7
 QUANTISATION = re.compile(r"[.,-][a-zA-Z0-9]+?-?Q(-[Ii]nt)?[2-9]{1,2}([_.-][0-9a-zA-Z]+)*")
 
 
-def floor(*, anonymous: bool) -> Decimal:
+def floor(*, anonymous: bool, pseudonymous: bool = False) -> Decimal:
     """The least an account's spendable balance may be."""
-    return ANONYMOUS_FLOOR if anonymous else ACCOUNT_FLOOR
+    if anonymous:
+        return ANONYMOUS_FLOOR
+    return PSEUDONYMOUS_FLOOR if pseudonymous else ACCOUNT_FLOOR
 
 
 def kudos(amount: float) -> Decimal:

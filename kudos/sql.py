@@ -98,10 +98,12 @@ def release_holds(*, rows: str) -> str:
 def post_event(*, guard: str = "true") -> str:
     """The CTEs (`k_*`, to follow a WITH) that post the event of `kudos.ledger.event_params`
     if `guard` holds and its key was never posted; `k_event` holds its id if it was posted now."""
-    # An account wallet's floor, set when it is created: the anonymous account's, or any other's.
+    # An account wallet's floor, set when it is created: the anonymous account's, a
+    # pseudonymous one's, or any other's (`rates.floor`).
     floor = (
         "CASE WHEN m.escrow THEN NULL "
         f"WHEN a.api_key_hash = %(k_anonymous)s THEN {rates.ANONYMOUS_FLOOR} "
+        f"WHEN a.pseudonymous THEN {rates.PSEUDONYMOUS_FLOOR} "
         f"ELSE {rates.ACCOUNT_FLOOR} END::numeric"
     )
     # A moved wallet's proposed row holds its movement clamped at its floor and what that

@@ -127,7 +127,7 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
         if sent_back:
             message = "This user transferred kudos to you very recently. Please wait at least 1 minute."
             raise _refused(message, "TooFastKudosTransfers")
-        if holds.available(account_id=source.pk) < moved:
+        if holds.available(account_id=source.pk, pseudonymous=source.pseudonymous) < moved:
             raise _refused("Not enough kudos.", "KudosTransferNotEnough")
         ledger.post(
             kind=Event.Kind.TRANSFER,

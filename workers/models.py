@@ -36,7 +36,9 @@ def new_api_key() -> str:
 class Account(models.Model):
     """A requester and worker owner, identified by its API key."""
 
-    name = models.CharField(max_length=100, unique=True)
+    # Not unique: an account is named by its name and id, `alice#12` (`workers.details.unique_alias`),
+    # as the AI Horde names its users, so that two people may both sign up as "alice".
+    name = models.CharField(max_length=100, db_index=True)
     api_key_hash = models.CharField(max_length=64, unique=True, editable=False)
     trusted = models.BooleanField(default=False, db_index=True)
     # A moderator's key may change any worker through the horde API (PUT /api/v2/workers/{id}),
@@ -63,6 +65,9 @@ class Account(models.Model):
     # Set once its suspicions reach SUSPICION_THRESHOLD (`workers.suspicion`): its workers are
     # offered no jobs and it is never trusted automatically, until a moderator clears it.
     flagged_at = models.DateTimeField(null=True, blank=True)
+    # Made through the sign-up page (`front/signup.py`) with no identity behind it, as the AI
+    # Horde's pseudonymous users: its kudos floor is theirs (`kudos.rates.floor`).
+    pseudonymous = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         ordering = ("name",)
@@ -311,6 +316,21 @@ class AddressTimeout(models.Model):
 
     def __str__(self) -> str:
         return self.network
+
+
+class Registration(models.Model):
+    """An account signed up from an address (an IPv6 one by its /64), counted against
+    REGISTRATIONS_PER_ADDRESS a day (`workers.services.sign_up`). Not linked to the account, and
+    deleted once a day old: the horde keeps no account's address."""
+
+    address = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["address", "created_at"], name="registration_address_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.address} at {self.created_at:%Y-%m-%d %H:%M}"
 
 
 class Suspicion(models.Model):

@@ -1,3 +1,4 @@
+import ipaddress
 import logging
 from collections import Counter
 from datetime import datetime, timedelta
@@ -10,11 +11,20 @@ from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
 
 from hordeops import clock, errors, timeouts
+from hordeops.ratelimit import address_bucket, is_unreadable
 from hordeops.rows import fetch_instance
-from workers import sql, suspicion
+from workers import modes, sql, suspicion
 from workers.capacity import online_since
 from workers.details import ONLINE_LIST_KEY
-from workers.models import Account, AddressTimeout, Suspicion, Worker, hash_api_key, new_api_key
+from workers.models import (
+    Account,
+    AddressTimeout,
+    Registration,
+    Suspicion,
+    Worker,
+    hash_api_key,
+    new_api_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +34,58 @@ MAINTENANCE_REASON = (
 )
 
 
-def create_account(*, name: str, trusted: bool = False) -> tuple[Account, str]:
+def create_account(*, name: str, trusted: bool = False, pseudonymous: bool = False) -> tuple[Account, str]:
     """Create an account and return it with its API key, which is stored only hashed."""
     api_key = new_api_key()
-    account = Account.objects.create(name=name, trusted=trusted, api_key_hash=hash_api_key(api_key))
+    with transaction.atomic():
+        account = Account.objects.create(
+            name=name, trusted=trusted, pseudonymous=pseudonymous, api_key_hash=hash_api_key(api_key)
+        )
     return account, api_key
+
+
+# How long an address's sign-ups count against REGISTRATIONS_PER_ADDRESS.
+REGISTRATION_WINDOW = timedelta(days=1)
+
+
+def refuse_sign_up(*, address: str) -> None:
+    """Refuse a sign-up from `address` the horde's state forbids whatever the form says: a
+    timed-out address (403 TimeoutIP), or any address in raid mode (403, `SignUpClosedInRaid`);
+    an address a proxy garbled (400), which would escape both."""
+    if is_unreadable(address):
+        raise errors.UnreadableAddress()
+    if (refused := timeouts.refusal(address)) is not None:
+        raise refused
+    if modes.read().raid:
+        raise errors.SignUpClosedInRaid()
+
+
+def sign_up(*, name: str, address: str, now: datetime) -> tuple[Account, str]:
+    """A pseudonymous account made through the sign-up page from `address`, and its key: refused
+    as `refuse_sign_up` says, or past REGISTRATIONS_PER_ADDRESS accounts from the address in a
+    day (429 TooManyRegistrations; loopback is not counted, 0 turns the limit off)."""
+    refuse_sign_up(address=address)
+    bucket = address_bucket(address) if address else ""
+    limit = settings.REGISTRATIONS_PER_ADDRESS
+    counted = bool(bucket) and limit > 0 and not _is_loopback(bucket)
+    with transaction.atomic():
+        if counted:
+            # Under the address's lock, the count's snapshot holds every sign-up committed
+            # before: two at once cannot both take the last place.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"sign-up:{bucket}"])
+            Registration.objects.filter(created_at__lt=now - REGISTRATION_WINDOW).delete()
+            if Registration.objects.filter(address=bucket).count() >= limit:
+                raise errors.TooManyRegistrations(limit)
+            Registration.objects.create(address=bucket, created_at=now)
+        return create_account(name=name, pseudonymous=True)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_network(address, strict=False).is_loopback
+    except ValueError:
+        return False
 
 
 def create_moderator(*, name: str, password: str):

@@ -195,7 +195,7 @@ def _queue(
         "limit": limit,
         "upfront": upfront,
         "upfront_cost": upfront_cost,
-        "floor": rates.floor(anonymous=account.is_anonymous),
+        "floor": rates.floor(anonymous=account.is_anonymous, pseudonymous=account.pseudonymous),
         **horde_tax(account_id=account.pk, request_id=request.pk, now=now),
     }
     with transaction.atomic(), pipelined() as cursor:
