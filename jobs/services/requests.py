@@ -229,6 +229,8 @@ def _queue(
             _spend(cursor, shared_key, cost=upfront_cost, now=now)
         cursor.execute(sql.queue_request(), params)
         rank, active, available = cursor.fetchone()
+        if rank is None and shared_key is not None:
+            transaction.set_rollback(True)  # refused: what was taken off the key's budget is back
     if rank is None and active >= limit:
         # Counted to the limit: an account refused has exactly as many as it may.
         raise errors.TooManyPrompts(count=limit, limit=limit)
