@@ -285,7 +285,10 @@ class SharedKeyInput(serializers.Serializer):
     expiry = StrictIntegerField(
         min_value=-1, max_value=shared_keys.MAX_EXPIRY_DAYS, required=False, allow_null=True
     )
-    name = StrictCharField(min_length=3, max_length=255, required=False, allow_null=True)
+    # Kept as sent: a trimmed name could be shorter than the schema allows.
+    name = StrictCharField(
+        min_length=3, max_length=255, required=False, allow_null=True, trim_whitespace=False
+    )
     max_image_pixels = StrictIntegerField(min_value=-1, max_value=4_194_304, required=False, allow_null=True)
     max_image_steps = StrictIntegerField(min_value=-1, max_value=500, required=False, allow_null=True)
     max_text_tokens = StrictIntegerField(min_value=-1, max_value=1_048_576, required=False, allow_null=True)
@@ -345,13 +348,7 @@ class SharedKeyView(APIView):
             raise errors.SharedKeyNotFound()
         return Response(shared_keys.details(key))
 
-    @extend_schema(
-        operation_id="sharedkey_modify",
-        auth=APIKEY_AUTH,
-        parameters=[SHARED_KEY_ID, APIKEY],
-        request=SharedKeyInput,
-        responses={200: SharedKeyOutput, **SHARED_KEY_ERRORS},
-    )
+    @keyed_route("sharedkey_modify", body=SharedKeyInput, answer=SharedKeyOutput, refusals=SHARED_KEY_ERRORS)
     def patch(self, request: Request, sharedkey_id: str) -> Response:
         """Change the owner's key: what the body gives (at least one), the rest as it was."""
         data = _valid(SharedKeyInput, request)
