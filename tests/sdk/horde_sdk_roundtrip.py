@@ -360,7 +360,7 @@ def sharedkeys(owner: str) -> dict[str, Any]:
     read = _send(client, SharedKeyDetailsRequest(id=key), ExpiryStrSharedKeyDetailsResponse)
     through = _send(client, FindUserRequest(apikey=key), UserDetailsResponse)
     mine = _send(client, FindUserRequest(apikey=owner), UserDetailsResponse)
-    asked = _ask_text(client, key)
+    asked = _ask_text(client, key, models=[])
     used = _send(client, SharedKeyDetailsRequest(id=key), ExpiryStrSharedKeyDetailsResponse)
     changed = _send(
         client,
@@ -371,7 +371,7 @@ def sharedkeys(owner: str) -> dict[str, Any]:
     )
     deleted = _send(client, SharedKeyDeleteRequest(apikey=owner, id=key), SharedKeyDeleteResponse)
     after = client.submit_request(
-        TextGenerateAsyncRequest(apikey=key, prompt=PROMPT), TextGenerateAsyncResponse
+        TextGenerateAsyncRequest(apikey=key, prompt=PROMPT, models=[]), TextGenerateAsyncResponse
     )
     if not isinstance(after, RequestErrorResponse):
         raise RoundtripError(f"a deleted shared key was accepted: {after!r}")
