@@ -373,3 +373,39 @@ class NoValidActions(DomainError, code="NoWorkerModSelected", status=400):
 
 class WorkerNameAlreadyExists(DomainError, code="WorkerNameAlreadyExists", status=400):
     default_message = "A worker with this name already exists."
+
+
+class Forbidden(DomainError, code="Forbidden", status=403):
+    default_message = "This operation is not allowed."
+
+
+class AnonForbidden(DomainError, code="AnonForbidden", status=403):
+    default_message = "Anonymous user is forbidden from performing this operation"
+
+
+class SharedKeyNotFound(InvalidAPIKey):
+    """A shared key (a UUID) that no account has made, or that its owner deleted."""
+
+    default_message = "No user matching sent Shared Key."
+
+
+class SharedKeyEmpty(DomainError, code="SharedKeyEmpty", status=403):
+    default_message = "This shared key has run out of kudos."
+
+
+class SharedKeyExpired(DomainError, code="SharedKeyExpired", status=403):
+    default_message = "This shared key has expired"
+
+
+class SharedKeyInsufficientKudos(DomainError, code="SharedKeyInsufficientKudos", status=403):
+    """A request that costs more than what is left of its shared key's budget."""
+
+    def __init__(self, *, remaining: object, required: object) -> None:
+        super().__init__(
+            f"This shared key does not have enough remaining kudos ({remaining}) "
+            f"to fulfill this request ({required})."
+        )
+
+
+class NoSharedKeyModSelected(DomainError, code="NoSharedKeyModSelected", status=400):
+    default_message = "No shared key modification selected!"

@@ -21,8 +21,8 @@ from jobs.deadlines import Budget
 from jobs.models import Ending, TextRequest
 from jobs.protocols import PROTOCOLS, ChatCall, ChatProtocol
 from jobs.replies import Exchange, within
+from workers import shared_keys
 from workers.models import Account
-from workers.services import authenticate, key_account
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ def chat_key(request: HttpRequest) -> str:
 
 
 def chat_caller(request: HttpRequest) -> Account:
-    """The account of a /v1 request's key."""
-    return authenticate(api_key=chat_key(request))
+    """The account of a /v1 request's key (a shared key's owner, while the key may spend)."""
+    return shared_keys.for_requester(api_key=chat_key(request))
 
 
 def _start(
@@ -50,8 +50,9 @@ def _start(
     `header` is the deadline header's budget, or the error that refuses the header: the key
     is checked first, so that a bad key is a 401 whatever the header says.
     """
-    # A suspended account is refused by the request's admission, with the horde's rules.
-    account = key_account(api_key=chat_key(request))
+    # A suspended account is refused by the request's admission, with the horde's rules; a
+    # shared key is its owner's account, spending through the key.
+    account, shared_key = shared_keys.key_holder(api_key=chat_key(request))
     budget = deadlines.for_account(header, account)
     call = protocol.parse(loads_strict(request.body))
     deadline_at = budget.deadline_at(clock.now()) if budget else None  # auth and parsing spent some
@@ -63,6 +64,7 @@ def _start(
         "max_length_field": call.max_tokens_field,
         "params": call.params,
         "deadline_at": deadline_at,
+        "shared_key": shared_key,
     }
     if call.prompt is not None:
         text_request = services.create_completion_request(prompt=call.prompt, **reply)

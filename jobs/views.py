@@ -19,8 +19,8 @@ from jobs import serializers as s
 from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
-from workers import messages, modes
-from workers.services import authenticate, key_account
+from workers import messages, modes, shared_keys
+from workers.services import authenticate
 
 # 429: the rate limits, on every route but the worker routes (there: a bad key's only).
 LIMITED = {429: s.HordeErrorOutput}
@@ -69,8 +69,9 @@ class TextAsyncView(APIView):
             return self._queue(request, header)
 
     def _queue(self, request: Request, header: deadlines.Budget | errors.DomainError | None) -> Response:
-        # A suspended account is refused by the request's admission, with the horde's rules.
-        account = key_account(api_key=request.headers.get("apikey"))
+        # A suspended account is refused by the request's admission, with the horde's rules;
+        # a shared key is its owner's account, spending through the key.
+        account, shared_key = shared_keys.key_holder(api_key=request.headers.get("apikey"))
         budget = deadlines.for_account(header, account)
         data = _validated(s.TextAsyncInput, request)
         if not data["prompt"]:
@@ -91,6 +92,7 @@ class TextAsyncView(APIView):
             allow_downgrade=data["allow_downgrade"],
             dry_run=data["dry_run"],
             deadline_at=deadline_at,
+            shared_key=shared_key,
         )
         if queued.request is None:
             return Response({"kudos": queued.kudos}, status=200)

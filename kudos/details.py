@@ -71,7 +71,10 @@ def user_details(
     }
     if privileged:
         details.update(
-            worker_ids=[str(worker.pk) for worker in workers], sharedkey_ids=[], vpn=False, special=False
+            worker_ids=[str(worker.pk) for worker in workers],
+            sharedkey_ids=[str(key) for key in account.shared_keys.values_list("pk", flat=True)],
+            vpn=False,
+            special=False,
         )
     if moderator:
         details["evaluating_kudos"] = _number(wallets.get(True, (Decimal(0), {}))[0])

@@ -8,11 +8,13 @@ from decimal import Decimal
 from uuid import uuid4
 
 from django.db import connection, transaction
+from django.db.models import F
 
 from hordeops import clock, errors, ratelimit
 from kudos import holds, ledger, sql
 from kudos.models import Event, Posting
-from workers.models import Account
+from workers import shared_keys
+from workers.models import Account, SharedKey
 
 # After a transfer, the receiver may not send kudos back to its sender for this long (the AI
 # Horde's guard against two accounts passing kudos to and fro).
@@ -65,14 +67,20 @@ def _refused(message: str, rc: str) -> errors.KudosValidationError:
     return errors.KudosValidationError(message, rc=rc)
 
 
-def _target(username: str) -> Account | None:
-    """The account a username names as the AI Horde reads it: by the id after its last `#`;
-    None for a suspended one, which can no more receive than a deleted one (told apart by
-    nothing, so a transfer does not reveal a moderator's action)."""
+def _target(username: str) -> tuple[Account | None, SharedKey | None]:
+    """The account a username names as the AI Horde reads it: by the id after its last `#`,
+    or, a shared key's id, the key's owner with the key (a transfer to it tops it up); None for
+    a suspended one, which can no more receive than a deleted one (told apart by nothing, so a
+    transfer does not reveal a moderator's action). An expired key: 400 `SharedKeyExpired`."""
     digits = username.rsplit("#", 1)[-1].strip()
-    if not digits.isascii() or not digits.isdigit() or len(digits) > 18:
-        return None
-    return Account.objects.filter(pk=int(digits), suspended_at__isnull=True).first()
+    if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+        return Account.objects.filter(pk=int(digits), suspended_at__isnull=True).first(), None
+    key = shared_keys.find(username)
+    if key is None or key.account.suspended_at is not None:
+        return None, None
+    if key.is_expired(clock.now()):
+        raise _refused(errors.SharedKeyExpired.default_message, "SharedKeyExpired")
+    return key.account, key
 
 
 def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_key: str | None = None) -> int:
@@ -83,10 +91,11 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
     oneself, for an amount not positive, back to an account that sent to `source` within a
     minute, or past what `source` may spend (`kudos.holds`), decided under the lock on `source`
     that queueing takes. A retry with the same Idempotency-Key moves nothing and answers the
-    same; the key with another transfer is refused."""
+    same; the key with another transfer is refused. To a shared key's id, the kudos go to its
+    owner and its budget (unless unlimited) grows by them, in the same transaction."""
     if source.is_anonymous:
         raise _refused("You cannot transfer Kudos from Anonymous, smart-ass.", "KudosTransferFromAnon")
-    target = _target(username)
+    target, shared_key = _target(username)
     if target is None:
         raise _refused("Invalid target username.", "InvalidTargetUsername")
     if target.is_anonymous:
@@ -135,6 +144,10 @@ def transfer_kudos(*, source: Account, username: str, amount: int, idempotency_k
             entries=[ledger.to_account(source.pk, -moved), ledger.to_account(target.pk, moved)],
             now=now,
         )
+        if shared_key is not None:
+            SharedKey.objects.filter(pk=shared_key.pk).exclude(kudos=SharedKey.UNLIMITED).update(
+                kudos=F("kudos") + moved
+            )
     return amount
 
 

@@ -12,7 +12,7 @@ from hordeops.serializers import APIKEY_AUTH, OPTIONAL_APIKEY_AUTH, HordeErrorOu
 from kudos import serializers as s
 from kudos import transfers
 from kudos.details import user_details
-from workers import services
+from workers import services, shared_keys
 from workers.models import Account
 from workers.views import APIKEY, APIKEY_OPTIONAL, ERRORS, caller, may_see
 
@@ -22,7 +22,13 @@ class FindUserView(APIView):
         operation_id="find_user", parameters=[APIKEY], responses={200: dict, **ERRORS}, auth=APIKEY_AUTH
     )
     def get(self, request: Request) -> Response:
-        account = services.authenticate(api_key=request.headers.get("apikey"))
+        """The key's account; through a shared key, its owner as anyone sees it, named
+        `owner#id (Shared Key: name)` as the AI Horde names it."""
+        account, shared_key = shared_keys.key_holder(api_key=request.headers.get("apikey"))
+        services.refuse_suspended(account)
+        if shared_key is not None:
+            details = user_details(account, now=clock.now(), privileged=False)
+            return Response({**details, "username": shared_keys.username(shared_key)})
         return Response(user_details(account, now=clock.now(), privileged=True, moderator=account.moderator))
 
 

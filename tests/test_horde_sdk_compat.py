@@ -210,3 +210,24 @@ def test_horde_sdk_in_strict_mode_parses_workers_and_users_with_fractional_kudos
     }
     assert seen["find_user"]["kudos"] == 30.25 and len(seen["find_user"]["worker_ids"]) == 1
     assert seen["moderator"] == {"moderator": True, "evaluating_kudos": 0.0}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_makes_uses_changes_and_deletes_a_shared_key(live_server, tmp_path) -> None:
+    owner, owner_key = create_account(name="sdk-key-owner")
+
+    seen = _run_script(f"{live_server.url}/api/", ["sharedkeys", owner_key], tmp_path, strict=True)
+
+    alias = f"sdk-key-owner#{owner.pk}"
+    made = {"username": alias, "name": "sdk bot", "kudos": 500, "utilized": 0, "max_text_tokens": 100}
+    assert {k: v for k, v in seen["made"].items() if k != "expiry"} == made
+    assert seen["made"]["expiry"].endswith(" -0000") and seen["read"] == seen["made"]
+    assert seen["owner_keys"] == [seen["id"]]
+    assert seen["find_user"] == {"username": f"{alias} (Shared Key: sdk bot)", "sharedkey_ids": None}
+    request = TextRequest.objects.get(pk=seen["request"]["id"])
+    assert request.account == owner
+    spent = request.kudos_reserved + 1
+    assert seen["used"]["utilized"] == int(spent) and seen["used"]["kudos"] == int(500 - spent)
+    # The SDK's modify sends the settings given, not its default expiry: that stays.
+    assert seen["changed"] == {**seen["used"], "name": "sdk bot 2", "kudos": -1, "max_text_tokens": -1}
+    assert (seen["deleted"], seen["after_delete"]) == ("OK", "InvalidAPIKey")

@@ -96,6 +96,49 @@ class Account(models.Model):
         return settings.ACCOUNT_MAX_WAITING_REQUESTS
 
 
+class SharedKey(models.Model):
+    """A key an account hands out (the AI Horde's shared keys, `workers.shared_keys`): on the
+    requester routes it spends its owner's kudos within its budget until it expires, each
+    request within its token cap; it can do nothing else (run a worker, transfer, make keys).
+
+    Its id is the key itself, a UUID kept in plain, as the AI Horde keeps it, not hashed as an
+    account's key is (`Account.api_key_hash`): its owner lists its keys (`find_user`'s
+    `sharedkey_ids`) and reads, changes or deletes each by its id, which a hash would not
+    allow; what one that leaks can spend is bounded by its budget, and its owner deletes it."""
+
+    # `kudos` and `max_text_tokens` at this value: no bound.
+    UNLIMITED = -1
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="shared_keys")
+    name = models.CharField(max_length=255, blank=True, default="")
+    # What it may still spend, taken down by each request queued with it by the request's cost
+    # (`workers.sql.spend_shared_key`); UNLIMITED: its owner's balance is the only bound.
+    kudos = models.DecimalField(max_digits=18, decimal_places=2, default=5000)
+    # What the requests queued with it cost, added up.
+    utilized = models.DecimalField(max_digits=18, decimal_places=2, default=0)
+    # None: it never expires.
+    expiry = models.DateTimeField(null=True, blank=True)
+    # The most tokens one request may ask for (its max_length); UNLIMITED: no cap.
+    max_text_tokens = models.IntegerField(default=UNLIMITED)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("created_at",)
+        constraints = [
+            models.CheckConstraint(condition=Q(kudos__gte=-1), name="shared_key_kudos_at_least_unlimited"),
+            models.CheckConstraint(
+                condition=Q(max_text_tokens__gte=-1), name="shared_key_tokens_at_least_unlimited"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name or 'shared key'} ({self.account_id})"
+
+    def is_expired(self, now: datetime) -> bool:
+        return self.expiry is not None and self.expiry <= now
+
+
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def live(self) -> "WorkerQuerySet":
         """Workers their owner or a moderator has not deleted."""

@@ -8,13 +8,40 @@ counting. Each is built once (`cache`), after the models are loaded.
 from functools import cache
 
 from hordeops.rows import columns
-from workers.models import ANONYMOUS_API_KEY_HASH, Account, Worker
+from workers.models import ANONYMOUS_API_KEY_HASH, Account, SharedKey, Worker
 
 
 @cache
 def account_for_api_key() -> str:
     """The account of one key hash (`%s`)."""
     return f"SELECT {columns(Account)} FROM {Account._meta.db_table} WHERE api_key_hash = %s"
+
+
+@cache
+def spend_shared_key() -> str:
+    """Take %(cost)s off the shared key %(id)s's budget and add it to what it has used, if it
+    has not expired by %(now)s and its budget (unless unlimited) covers it. Returns whether it
+    was spent, and the key's budget and expiry as they stood (NULL: no such key), for the
+    refusal's words.
+
+    Run by the queueing of a request under its owner's lock (`kudos.sql.LOCK_ACCOUNT`), so
+    that two requests cannot both spend the last of it; its own WHERE is checked again on a
+    row another transaction changed meanwhile (an owner's PATCH), so it never spends past it.
+    """
+    table = SharedKey._meta.db_table
+    unlimited = SharedKey.UNLIMITED
+    return f"""
+        WITH spent AS (
+            UPDATE {table} SET
+                kudos = CASE WHEN kudos = {unlimited} THEN kudos ELSE kudos - %(cost)s END,
+                utilized = utilized + %(cost)s
+            WHERE id = %(id)s AND kudos <> 0 AND (kudos = {unlimited} OR kudos >= %(cost)s)
+              AND (expiry IS NULL OR expiry > %(now)s)
+            RETURNING 1
+        )
+        SELECT EXISTS (SELECT FROM spent), k.kudos, k.expiry
+        FROM (SELECT) AS o LEFT JOIN {table} AS k ON k.id = %(id)s
+    """
 
 
 # What a worker declares at each pop, and the same as the statement's typed parameters.

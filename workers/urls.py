@@ -8,6 +8,8 @@ urlpatterns = [
     path("workers/goodbye", views.WorkerGoodbyeView.as_view(), name="worker-goodbye"),
     re_path(r"^workers/name/(?P<worker_name>.*)$", views.WorkerByNameView.as_view(), name="worker-by-name"),
     re_path(r"^workers/(?P<worker_id>[^/]*)$", views.WorkerView.as_view(), name="worker"),
+    path("sharedkeys", views.SharedKeysView.as_view(), name="sharedkeys"),
+    re_path(r"^sharedkeys/(?P<sharedkey_id>[^/]*)$", views.SharedKeyView.as_view(), name="sharedkey"),
     path("operations/ipaddr", views.OperationsIPView.as_view(), name="operations-ipaddr"),
     re_path(
         r"^operations/ipaddr/(?P<ipaddr>.+)$", views.OperationsIPSingleView.as_view(), name="operations-ip"

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hordeops import clock, errors
+from hordeops import clock, errors, ratelimit
 from hordeops.replica import replica_reads
 from hordeops.serializers import (
     APIKEY,
@@ -24,7 +24,7 @@ from hordeops.serializers import (
     StrictIntegerField,
     keyed_route,
 )
-from workers import services
+from workers import services, shared_keys
 from workers.details import TEXT, online_workers, privileged_details, worker_details
 from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, Worker
 
@@ -276,3 +276,90 @@ def _valid(serializer_class, request: Request) -> dict:
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
+
+
+class SharedKeyInput(serializers.Serializer):
+    """The AI Horde's `SharedKeyInput`; the image limits are taken and bind nothing (text only)."""
+
+    kudos = StrictIntegerField(min_value=-1, max_value=shared_keys.MAX_KUDOS, required=False, allow_null=True)
+    expiry = StrictIntegerField(
+        min_value=-1, max_value=shared_keys.MAX_EXPIRY_DAYS, required=False, allow_null=True
+    )
+    # Kept as sent: a trimmed name could be shorter than the schema allows.
+    name = StrictCharField(
+        min_length=3, max_length=255, required=False, allow_null=True, trim_whitespace=False
+    )
+    max_image_pixels = StrictIntegerField(min_value=-1, max_value=4_194_304, required=False, allow_null=True)
+    max_image_steps = StrictIntegerField(min_value=-1, max_value=500, required=False, allow_null=True)
+    max_text_tokens = StrictIntegerField(min_value=-1, max_value=1_048_576, required=False, allow_null=True)
+
+
+class SharedKeyOutput(serializers.Serializer):
+    """The AI Horde's `SharedKeyDetails` (`expiry` left out when it never expires)."""
+
+    id = serializers.UUIDField()
+    username = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    kudos = serializers.IntegerField()
+    expiry = serializers.CharField(required=False)
+    utilized = serializers.IntegerField()
+    max_image_pixels = serializers.IntegerField()
+    max_image_steps = serializers.IntegerField()
+    max_text_tokens = serializers.IntegerField()
+
+
+# The AI Horde's limit on making shared keys: 5 a minute (per account here).
+SHARED_KEY_CREATIONS = (5 / 60, 5)
+SHARED_KEY_ID = OpenApiParameter("sharedkey_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+SHARED_KEY_ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 408, 413, 429)}
+
+
+def _settings(data: dict) -> dict:
+    """The key's settings the body gave (the image limits dropped)."""
+    chosen = ("kudos", "expiry", "name", "max_text_tokens")
+    return {field: data[field] for field in chosen if data.get(field) is not None}
+
+
+class SharedKeysView(APIView):
+    @keyed_route("sharedkey_create", body=SharedKeyInput, answer=SharedKeyOutput, refusals=SHARED_KEY_ERRORS)
+    def put(self, request: Request) -> Response:
+        """Make a shared key of the caller's (`kudos` 5000, -1 unlimited; `expiry` in days, -1 never)."""
+        api_key = request.headers.get("apikey")
+        account = services.authenticate(api_key=api_key)
+        data = _valid(SharedKeyInput, request)
+        rate, burst = SHARED_KEY_CREATIONS
+        wait = ratelimit.take([ratelimit.Bucket(f"hordeops:rate:sharedkeys:{account.pk}", rate, burst)])
+        if wait:
+            raise errors.RateLimited(wait_seconds=wait, refusal="rate_limit")
+        key = shared_keys.create_shared_key(api_key=api_key, now=clock.now(), **_settings(data))
+        return Response(shared_keys.details(key))
+
+
+class SharedKeyView(APIView):
+    @extend_schema(
+        operation_id="sharedkey",
+        parameters=[SHARED_KEY_ID],
+        responses={200: SharedKeyOutput, 401: HordeErrorOutput, 429: HordeErrorOutput},
+    )
+    def get(self, request: Request, sharedkey_id: str) -> Response:
+        """A shared key's details: its id is the key, so whoever holds it may read them."""
+        key = shared_keys.find(sharedkey_id)
+        if key is None:
+            raise errors.SharedKeyNotFound()
+        return Response(shared_keys.details(key))
+
+    @keyed_route("sharedkey_modify", body=SharedKeyInput, answer=SharedKeyOutput, refusals=SHARED_KEY_ERRORS)
+    def patch(self, request: Request, sharedkey_id: str) -> Response:
+        """Change the owner's key: what the body gives (at least one), the rest as it was."""
+        data = _valid(SharedKeyInput, request)
+        changes = {field: data.get(field) for field in ("kudos", "expiry", "name", "max_text_tokens")}
+        key = shared_keys.modify_shared_key(
+            api_key=request.headers.get("apikey"), key_id=sharedkey_id, now=clock.now(), **changes
+        )
+        return Response(shared_keys.details(key))
+
+    @keyed_route("sharedkey_delete", answer=SIMPLE, refusals=SHARED_KEY_ERRORS)
+    def delete(self, request: Request, sharedkey_id: str) -> Response:
+        """Delete the owner's key: refused everywhere from then on."""
+        shared_keys.delete_shared_key(api_key=request.headers.get("apikey"), key_id=sharedkey_id)
+        return Response({"message": "OK"})

@@ -23,7 +23,9 @@ from jobs.status import eligible_workers
 from kudos import ledger, rates
 from kudos.models import Event, Wallet
 from kudos.sql import LOCK_ACCOUNT
-from workers.models import Account, Worker
+from workers import shared_keys
+from workers.models import Account, SharedKey, Worker
+from workers.sql import spend_shared_key
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ def create_text_request(
     allow_downgrade: bool = False,
     deadline_at: datetime | None = None,
     now: datetime | None = None,
+    shared_key: SharedKey | None = None,
 ) -> QueuedText:
     """Queue a text request; return it (None on a dry run), its cost, and a warning when no
     online worker may be offered it now.
@@ -111,17 +114,25 @@ def create_text_request(
     serves them (yet): one may start, or restart and redeclare its models, within the
     request's life. One that needs its kudos upfront (`jobs.spending`) from an account that
     cannot cover them is refused with KudosUpfront, or asks for fewer tokens if it allows a
-    downgrade. `address` is the client's, for its admission (`jobs.admission`)."""
+    downgrade. `address` is the client's, for its admission (`jobs.admission`).
+
+    Sent with a `shared_key` (its owner's `account`), it is refused when the key is spent or
+    expired (a spent one with `allow_downgrade` is the anonymous account's request instead, as
+    on the AI Horde), past the key's token cap, or past what is left of its budget: its cost
+    is taken off the budget as it is queued (`_queue`)."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
+    account, shared_key = shared_keys.spender(account, shared_key, now=now, allow_downgrade=allow_downgrade)
     n = params.pop("n", 1)
     max_length = params.get("max_length", 80)
     max_context_length = params.get("max_context_length", 2048)
     if max_context_length < max_length:
         raise errors.TokenOverflow()
+    shared_keys.within_cap(shared_key, tokens=max_length)
     cost = spending.request_cost(
         models=models, max_length=max_length, max_context_length=max_context_length, n=n
     )
+    shared_keys.covers(shared_key, cost=cost + rates.HORDE_TAX)
     if workers and not worker_blacklist:  # blocking a worker that is gone blocks nothing
         known = set(Worker.objects.filter(pk__in=workers).values_list("pk", flat=True))
         missing = [str(w) for w in workers if w not in known]
@@ -145,14 +156,16 @@ def create_text_request(
     }
     upfront, tokens = spending.needs_upfront(max_length=max_length, slow_workers=slow_workers, now=now)
     try:
-        request = _queue(account, now=now, deadline_at=deadline_at, upfront=upfront, **fields)
+        request = _queue(
+            account, now=now, deadline_at=deadline_at, upfront=upfront, shared_key=shared_key, **fields
+        )
     except errors.KudosUpfront:
         if not allow_downgrade:
             raise
         # The AI Horde's downgrade: as many tokens as need no kudos upfront, slow workers welcome.
         max_length = min(max_length, tokens)
         fields.update(max_length=max_length, params={**params, "max_length": max_length}, slow_workers=True)
-        request = _queue(account, now=now, deadline_at=deadline_at, upfront=False, **fields)
+        request = _queue(account, now=now, deadline_at=deadline_at, shared_key=shared_key, **fields)
     warning = None if eligible_workers(request, now=now)["workers"] else NO_WORKER_WARNING
     return QueuedText(request=request, kudos=_whole(request.kudos_reserved), warning=warning)
 
@@ -163,7 +176,13 @@ def _whole(cost: Decimal) -> int:
 
 
 def _queue(
-    account: Account, *, now: datetime, deadline_at: datetime | None, upfront: bool = False, **fields: Any
+    account: Account,
+    *,
+    now: datetime,
+    deadline_at: datetime | None,
+    upfront: bool = False,
+    shared_key: SharedKey | None = None,
+    **fields: Any,
 ) -> TextRequest:
     """Admit the request within the account's bound (and, where `upfront`, what it may spend)
     and queue it at its fair rank, its cost held (`kudos.sql.hold`) and the horde tax paid; it
@@ -173,6 +192,12 @@ def _queue(
     what it may spend; else its `fair_rank` is how many the account has, and its priority the
     account's balance. The account's lock, the count and the INSERT (`sql.queue_request`) go in
     one round trip with the transaction's start, its commit in a second.
+
+    Through a `shared_key`, its cost and the horde tax are taken off the key's budget first,
+    under the same lock (`workers.sql.spend_shared_key`, a round trip more), and the request is
+    refused if the key has run out, expired or been deleted meanwhile, or cannot cover it; a
+    request refused after that gives it back, with the transaction. What a request costs in
+    the end is not given back to the budget: it is spent once, as the request is queued.
     """
     request = TextRequest(
         account=account,
@@ -200,8 +225,12 @@ def _queue(
     }
     with transaction.atomic(), pipelined() as cursor:
         cursor.execute(LOCK_ACCOUNT, {"account_id": account.pk})
+        if shared_key is not None:
+            _spend(cursor, shared_key, cost=upfront_cost, now=now)
         cursor.execute(sql.queue_request(), params)
         rank, active, available = cursor.fetchone()
+        if rank is None and shared_key is not None:
+            transaction.set_rollback(True)  # refused: what was taken off the key's budget is back
     if rank is None and active >= limit:
         # Counted to the limit: an account refused has exactly as many as it may.
         raise errors.TooManyPrompts(count=limit, limit=limit)
@@ -214,6 +243,21 @@ def _queue(
     request.fair_rank = rank
     request._state.adding, request._state.db = False, connection.alias
     return request
+
+
+def _spend(cursor, key: SharedKey, *, cost: Decimal, now: datetime) -> None:
+    """Take `cost` off the key's budget, or refuse the request with why it cannot be."""
+    cursor.execute(spend_shared_key(), {"id": key.pk, "cost": cost, "now": now})
+    spent, kudos, expiry = cursor.fetchone()
+    if spent:
+        return
+    if kudos is None:
+        raise errors.SharedKeyNotFound()
+    if expiry is not None and expiry <= now:
+        raise errors.SharedKeyExpired()
+    if kudos == 0:
+        raise errors.SharedKeyEmpty()
+    raise errors.SharedKeyInsufficientKudos(remaining=shared_keys.whole(kudos), required=cost)
 
 
 def horde_tax(*, account_id: int, request_id: UUID, now: datetime) -> dict[str, Any]:
@@ -252,11 +296,13 @@ def create_completion_request(
     deadline_at: datetime | None = None,
     now: datetime | None = None,
     max_length_field: str = "max_tokens",
+    shared_key: SharedKey | None = None,
 ) -> TextRequest:
     """Queue a /v1 text completion: a text job of `model` that any of its workers may take (a
     legacy worker too), followed by its requester on the relay. `max_length` None: the most
     they accept (`_reply_length`); `max_length_field` names it as the client did."""
     reply = {"model": model, "asked": max_length, "field": max_length_field, "deadline_at": deadline_at}
+    reply["shared_key"] = shared_key
     kind = TextRequest.Kind.TEXT
     return _queue_reply(
         account, address=address, now=now, prompt=prompt, kind=kind, followed=True, params=params, **reply
@@ -274,10 +320,12 @@ def create_chat_request(
     deadline_at: datetime | None = None,
     now: datetime | None = None,
     max_length_field: str = "max_tokens",
+    shared_key: SharedKey | None = None,
 ) -> TextRequest:
     """Queue a chat job for one reply of at most `max_length` tokens from `model` (None: the
     most its online chat workers accept, `_reply_length`)."""
     reply = {"model": model, "asked": max_length, "field": max_length_field, "deadline_at": deadline_at}
+    reply["shared_key"] = shared_key
     prompt = render_chat_prompt(messages)
     chat = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
     return _queue_reply(account, address=address, now=now, prompt=prompt, **chat, **reply)
@@ -293,14 +341,22 @@ def _queue_reply(
     prompt: str,
     asked: int | None,
     field: str,
+    shared_key: SharedKey | None,
     **fields: Any,
 ) -> TextRequest:
     """Admit and queue one /v1 reply from `model`, of at most `asked` tokens (None: the most
-    its workers accept), `field` naming that limit as the client did."""
+    its workers accept, within a `shared_key`'s cap), `field` naming that limit as the client
+    did. A shared key is refused spent or expired, or past its cap or budget, as on the horde's
+    route (`create_text_request`), with no fallback: the /v1 protocols have no allow_downgrade."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
+    account, shared_key = shared_keys.spender(account, shared_key, now=now, allow_downgrade=False)
+    if asked is not None:
+        shared_keys.within_cap(shared_key, tokens=asked)
     chat = fields["kind"] == TextRequest.Kind.CHAT
     max_length = _reply_length(model, prompt, now, chat=chat, asked=asked, field=field)
+    if shared_key is not None and shared_key.max_text_tokens != SharedKey.UNLIMITED:
+        max_length = min(max_length, shared_key.max_text_tokens)
     if not chat:  # a text job's worker, a legacy one too, reads its length from the params
         fields["params"] = {**fields["params"], "max_length": max_length}
     return _queue(
@@ -314,6 +370,7 @@ def _queue_reply(
         requested_models=[model],
         n=1,
         queued=1,
+        shared_key=shared_key,
         **fields,
     )
 

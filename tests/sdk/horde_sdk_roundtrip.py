@@ -8,7 +8,9 @@ pytest: tests/test_horde_sdk_compat.py starts it against a live server and reads
 
 The keys and the model may instead come from HORDE_REQUESTER_KEY, HORDE_WORKER_KEY and
 HORDE_MODEL. `... horde_sdk_roundtrip.py fleet FLEET_JSON` instead reads the details of workers and
-accounts the test made (`fleet`): every list and single form, public and privileged.
+accounts the test made (`fleet`): every list and single form, public and privileged; and
+`... horde_sdk_roundtrip.py sharedkeys OWNER_KEY` makes, uses, reads, changes and deletes a
+shared key of that account's (`sharedkeys`).
 AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
 
 Every request is an SDK request model sent with the SDK's synchronous manual client, and every
@@ -60,6 +62,11 @@ from horde_sdk.ai_horde_api.apimodels import (
     ModelGenerationInputKobold,
     ModifyWorkerRequest,
     ModifyWorkerResponse,
+    SharedKeyCreateRequest,
+    SharedKeyDeleteRequest,
+    SharedKeyDeleteResponse,
+    SharedKeyDetailsRequest,
+    SharedKeyModifyRequest,
     SingleUserDetailsRequest,
     SingleWorkerDetailsRequest,
     SingleWorkerDetailsResponse,
@@ -77,6 +84,7 @@ from horde_sdk.ai_horde_api.apimodels import (
     TextStatsModelsTotalResponse,
     UserDetailsResponse,
 )
+from horde_sdk.ai_horde_api.apimodels.sharedkeys import ExpiryStrSharedKeyDetailsResponse
 from horde_sdk.ai_horde_api.consts import GENERATION_STATE
 from horde_sdk.generic_api.apimodels import HordeRequest, HordeResponse, RequestErrorResponse
 
@@ -118,6 +126,17 @@ def _unknown_keys(model: Any) -> list[str]:
     return sorted((model.model_extra or {}).keys())
 
 
+def _ask_text(client: AIHordeAPIManualClient, api_key: str, **body: Any) -> TextGenerateAsyncResponse:
+    """A text request of PROMPT, MAX_LENGTH tokens at 1,024 context, queued with `api_key`."""
+    request = TextGenerateAsyncRequest(
+        apikey=api_key,
+        prompt=PROMPT,
+        params=ModelGenerationInputKobold(max_length=MAX_LENGTH, max_context_length=1024),
+        **body,
+    )
+    return _send(client, request, TextGenerateAsyncResponse)
+
+
 def run(base_url: str, requester_key: str, worker_key: str, model: str) -> dict[str, Any]:
     client = AIHordeAPIManualClient()
     worker_name = f"sdk-worker-{os.getpid()}"
@@ -139,16 +158,7 @@ def run(base_url: str, requester_key: str, worker_key: str, model: str) -> dict[
         raise RoundtripError(f"the first pop should find no job, got {first_pop!r}")
 
     # (b) The requester asks for text from that model.
-    created = _send(
-        client,
-        TextGenerateAsyncRequest(
-            apikey=requester_key,
-            prompt=PROMPT,
-            params=ModelGenerationInputKobold(max_length=MAX_LENGTH, max_context_length=1024),
-            models=[model],
-        ),
-        TextGenerateAsyncResponse,
-    )
+    created = _ask_text(client, requester_key, models=[model])
 
     # (c) The worker pops the job.
     job = pop()
@@ -333,6 +343,63 @@ def fleet(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sharedkeys(owner: str) -> dict[str, Any]:
+    """A shared key of the account `owner`, through every shared-key request the SDK models:
+    made, read, used as a requester's key (a text request, find_user), changed and deleted;
+    then refused. Every answer is parsed by its model."""
+    client = AIHordeAPIManualClient()
+    limits = {"max_image_pixels": -1, "max_image_steps": -1}
+    made = _send(
+        client,
+        SharedKeyCreateRequest(
+            apikey=owner, kudos=500, name="sdk bot", max_text_tokens=100, expiry=30, **limits
+        ),
+        ExpiryStrSharedKeyDetailsResponse,
+    )
+    key = str(made.sharedkey_id)
+    read = _send(client, SharedKeyDetailsRequest(id=key), ExpiryStrSharedKeyDetailsResponse)
+    through = _send(client, FindUserRequest(apikey=key), UserDetailsResponse)
+    mine = _send(client, FindUserRequest(apikey=owner), UserDetailsResponse)
+    asked = _ask_text(client, key, models=[])
+    used = _send(client, SharedKeyDetailsRequest(id=key), ExpiryStrSharedKeyDetailsResponse)
+    changed = _send(
+        client,
+        SharedKeyModifyRequest(
+            apikey=owner, id=key, kudos=-1, name="sdk bot 2", max_text_tokens=-1, **limits
+        ),
+        ExpiryStrSharedKeyDetailsResponse,
+    )
+    deleted = _send(client, SharedKeyDeleteRequest(apikey=owner, id=key), SharedKeyDeleteResponse)
+    after = client.submit_request(
+        TextGenerateAsyncRequest(apikey=key, prompt=PROMPT, models=[]), TextGenerateAsyncResponse
+    )
+    if not isinstance(after, RequestErrorResponse):
+        raise RoundtripError(f"a deleted shared key was accepted: {after!r}")
+
+    def seen(details: ExpiryStrSharedKeyDetailsResponse) -> dict[str, Any]:
+        return {
+            "username": details.username,
+            "name": details.name,
+            "kudos": details.kudos,
+            "utilized": details.utilized,
+            "max_text_tokens": details.max_text_tokens,
+            "expiry": details.expiry,
+        }
+
+    return {
+        "id": key,
+        "made": seen(made),
+        "read": seen(read),
+        "used": seen(used),
+        "changed": seen(changed),
+        "find_user": {"username": through.username, "sharedkey_ids": through.sharedkey_ids},
+        "owner_keys": mine.sharedkey_ids,
+        "request": {"id": str(asked.id_), "kudos": asked.kudos},
+        "deleted": deleted.message,
+        "after_delete": after.rc,
+    }
+
+
 def main() -> int:
     try:
         base_url = os.environ.get("AI_HORDE_URL", "")
@@ -345,6 +412,8 @@ def main() -> int:
             )
         if sys.argv[1:2] == ["fleet"]:
             result = fleet(json.loads(sys.argv[2]))
+        elif sys.argv[1:2] == ["sharedkeys"]:
+            result = sharedkeys(sys.argv[2])
         else:
             result = run(
                 base_url, _arg(1, "HORDE_REQUESTER_KEY"), _arg(2, "HORDE_WORKER_KEY"), _arg(3, "HORDE_MODEL")
