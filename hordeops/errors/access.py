@@ -1,0 +1,138 @@
+"""The refusals of who may do what: accounts, keys, shared keys, moderators' modes and
+timeouts, sign-up, and the limits on workers."""
+
+from hordeops.errors.base import DomainError, InvalidAPIKey
+
+
+class UserNotFound(DomainError, code="UserNotFound", status=404):
+    default_message = "No user with that id."
+
+
+class NotOwner(DomainError, code="NotOwner", status=403):
+    default_message = "Only the worker's owner or a moderator may change this."
+
+
+# Status 400, as the AI Horde answers it: a 5xx would have the SDKs resend the request.
+class MaintenanceMode(DomainError, code="MaintenanceMode", status=400, retry_after=60):
+    default_message = "The horde has entered maintenance mode. Please try again later."
+
+
+class WorkerInviteOnly(DomainError, code="WorkerInviteOnly", status=403):
+    default_message = (
+        "This horde has been switched to worker invite-only mode: only trusted accounts may start "
+        "new workers. Ask a moderator."
+    )
+
+
+class RaidMode(DomainError, code="RaidMode", status=403):
+    default_message = (
+        "This horde is defending itself from a raid: new workers of untrusted accounts are refused "
+        "for now. Please try again later."
+    )
+
+
+class SignUpClosedInRaid(RaidMode):
+    # The AI Horde's words; it lets OAuth accounts register still, and this horde has no OAuth yet.
+    default_message = (
+        "We cannot allow anonymous registrations at the moment: this horde is defending itself "
+        "from a raid, and sign-up is closed until it ends. Please try again later."
+    )
+
+
+class TooManyRegistrations(DomainError, code="TooManyRegistrations", status=429):
+    default_message = "Too many accounts were made from your address today."
+
+    def __init__(self, allowed: int) -> None:
+        super().__init__(
+            f"To prevent abuse, at most {allowed} accounts may be made from one address in a day. "
+            "Please try again tomorrow."
+        )
+
+
+class TooManyWorkers(DomainError, code="TooManyWorkers", status=403):
+    default_message = "This account runs as many workers as it may."
+
+    def __init__(self, allowed: int) -> None:
+        super().__init__(
+            f"To avoid abuse, this account may run up to {allowed} distinct workers: "
+            "delete one, or ask a moderator to raise the limit."
+        )
+
+
+class TimeoutIP(DomainError, code="TimeoutIP", status=403):
+    default_message = (
+        "Due to abuse prevention, your IP address has been put into timeout. Please try again "
+        "later, or contact a moderator if you think this was an error."
+    )
+
+    def __init__(self, seconds: int) -> None:
+        # The AI Horde's wording: the seconds left, unless it is more than four days.
+        super().__init__(
+            None
+            if seconds > 4 * 24 * 3600
+            else f"Due to abuse prevention, your IP address has been put into timeout for {seconds} "
+            "more seconds. Please try again later, or contact a moderator if you think this was an error."
+        )
+        self.retry_after = seconds
+
+
+class TooManySameIPs(DomainError, code="TooManySameIPs", status=403):
+    default_message = (
+        "You are running too many workers from the same location. To prevent abuse, please ask a "
+        "moderator to allow more workers from this address."
+    )
+
+
+class AccountSuspended(DomainError, code="AccountSuspended", status=403):
+    default_message = "This account has been suspended by a moderator."
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(f"This account has been suspended by a moderator: {reason}" if reason else None)
+
+
+class NotModerator(DomainError, code="NotModerator", status=403):
+    default_message = "Only a moderator may change this."
+
+
+class NoValidActions(DomainError, code="NoWorkerModSelected", status=400):
+    default_message = "No worker modification selected!"
+
+
+class WorkerNameAlreadyExists(DomainError, code="WorkerNameAlreadyExists", status=400):
+    default_message = "A worker with this name already exists."
+
+
+class Forbidden(DomainError, code="Forbidden", status=403):
+    default_message = "This operation is not allowed."
+
+
+class AnonForbidden(DomainError, code="AnonForbidden", status=403):
+    default_message = "Anonymous user is forbidden from performing this operation"
+
+
+class SharedKeyNotFound(InvalidAPIKey):
+    """A shared key (a UUID) that no account has made, or that its owner deleted."""
+
+    default_message = "No user matching sent Shared Key."
+
+
+class SharedKeyEmpty(DomainError, code="SharedKeyEmpty", status=403):
+    default_message = "This shared key has run out of kudos."
+
+
+class SharedKeyExpired(DomainError, code="SharedKeyExpired", status=403):
+    default_message = "This shared key has expired"
+
+
+class SharedKeyInsufficientKudos(DomainError, code="SharedKeyInsufficientKudos", status=403):
+    """A request that costs more than what is left of its shared key's budget."""
+
+    def __init__(self, *, remaining: object, required: object) -> None:
+        super().__init__(
+            f"This shared key does not have enough remaining kudos ({remaining}) "
+            f"to fulfill this request ({required})."
+        )
+
+
+class NoSharedKeyModSelected(DomainError, code="NoSharedKeyModSelected", status=400):
+    default_message = "No shared key modification selected!"
