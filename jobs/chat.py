@@ -66,10 +66,7 @@ def _start(
         "deadline_at": deadline_at,
         "shared_key": shared_key,
     }
-    if call.prompt is not None:
-        text_request = services.create_completion_request(prompt=call.prompt, **reply)
-    else:
-        text_request = services.create_chat_request(messages=call.messages, **reply)
+    text_request = services.create_reply_request(prompt=call.prompt, messages=call.messages, **reply)
     return call, text_request, budget
 
 

@@ -183,9 +183,9 @@ def give_kudos(caller: Caller, amount: str = "100000", *, reason: str = "") -> N
 
 def queue_chat(requester: Caller, max_length: int, content: str = "hi", model: str = "chat-model"):
     """Queue a chat request of `requester` for `model`, as the chat routes would; the request."""
-    from jobs.services import create_chat_request
+    from jobs.services import create_reply_request
 
-    return create_chat_request(
+    return create_reply_request(
         account=requester.account,
         address="",
         model=model,

@@ -78,7 +78,7 @@ def _queue_chat(url: str, worker_key: str) -> TextRequest:
     )
     assert first.status_code == 200 and first.json()["id"] is None
     requester, _ = create_account(name="example-requester")
-    return services.create_chat_request(
+    return services.create_reply_request(
         account=requester,
         address="",
         model=MODEL,

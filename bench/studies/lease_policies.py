@@ -127,7 +127,7 @@ def _worker_process(
 
 def _queue(requests: int, seed: int) -> dict[str, str]:
     """Queue the chat requests; return each request id's size class."""
-    from jobs.services import create_chat_request
+    from jobs.services import create_reply_request
     from workers.models import Account
 
     rng = random.Random(seed)
@@ -136,7 +136,7 @@ def _queue(requests: int, seed: int) -> dict[str, str]:
     for i in range(requests):
         size = "long" if i % 2 else "short"
         low, high = LONG if size == "long" else SHORT
-        request = create_chat_request(
+        request = create_reply_request(
             account=account,
             address="",
             model=MODEL,

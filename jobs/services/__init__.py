@@ -22,8 +22,7 @@ from jobs.services.pop import EmptyPop, PoppedJob, pop_generation, pop_params
 from jobs.services.progress import ProgressResult, record_progress
 from jobs.services.requests import (
     commit_stream,
-    create_chat_request,
-    create_completion_request,
+    create_reply_request,
     create_text_request,
     estimate_tokens,
     prompt_tokens,
@@ -45,8 +44,7 @@ __all__ = [
     "current_request",
     "defer_cancellations",
     "commit_stream",
-    "create_chat_request",
-    "create_completion_request",
+    "create_reply_request",
     "create_text_request",
     "estimate_tokens",
     "pop_generation",

@@ -285,50 +285,33 @@ def render_chat_prompt(messages: list[dict[str, str]]) -> str:
     return "".join(turns) + "<|im_start|>assistant\n"
 
 
-def create_completion_request(
+def create_reply_request(
     *,
     account: Account,
     address: str,
     model: str,
-    prompt: str,
     max_length: int | None,
     params: dict[str, Any],
+    prompt: str | None = None,
+    messages: list[dict[str, str]] | None = None,
     deadline_at: datetime | None = None,
     now: datetime | None = None,
     max_length_field: str = "max_tokens",
     shared_key: SharedKey | None = None,
 ) -> TextRequest:
-    """Queue a /v1 text completion: a text job of `model` that any of its workers may take (a
-    legacy worker too), followed by its requester on the relay. `max_length` None: the most
-    they accept (`_reply_length`); `max_length_field` names it as the client did."""
+    """Queue one /v1 reply from `model`: a text completion of `prompt` when there is one (a text
+    job any of its workers may take, a legacy worker too, followed by its requester on the
+    relay), else a chat job of `messages`. `max_length` None: the most its online workers
+    accept (`_reply_length`); `max_length_field` names it as the client did."""
+    if prompt is not None:
+        fields: dict[str, Any] = {"kind": TextRequest.Kind.TEXT, "followed": True, "params": params}
+    else:
+        prompt = render_chat_prompt(messages or [])
+        fields = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
     reply = {"model": model, "asked": max_length, "field": max_length_field, "deadline_at": deadline_at}
-    reply["shared_key"] = shared_key
-    kind = TextRequest.Kind.TEXT
     return _queue_reply(
-        account, address=address, now=now, prompt=prompt, kind=kind, followed=True, params=params, **reply
+        account, address=address, now=now, prompt=prompt, shared_key=shared_key, **reply, **fields
     )
-
-
-def create_chat_request(
-    *,
-    account: Account,
-    address: str,
-    model: str,
-    messages: list[dict[str, str]],
-    max_length: int | None,
-    params: dict[str, Any],
-    deadline_at: datetime | None = None,
-    now: datetime | None = None,
-    max_length_field: str = "max_tokens",
-    shared_key: SharedKey | None = None,
-) -> TextRequest:
-    """Queue a chat job for one reply of at most `max_length` tokens from `model` (None: the
-    most its online chat workers accept, `_reply_length`)."""
-    reply = {"model": model, "asked": max_length, "field": max_length_field, "deadline_at": deadline_at}
-    reply["shared_key"] = shared_key
-    prompt = render_chat_prompt(messages)
-    chat = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
-    return _queue_reply(account, address=address, now=now, prompt=prompt, **chat, **reply)
 
 
 def _queue_reply(

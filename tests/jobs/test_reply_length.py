@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import TextRequest
-from jobs.services import create_chat_request, create_completion_request, prompt_tokens, render_chat_prompt
+from jobs.services import create_reply_request, prompt_tokens, render_chat_prompt
 from tests.live import Background, ChatWorker
 from workers.models import Worker
 
@@ -129,17 +129,17 @@ def test_without_a_limit_a_long_prompt_gets_the_reply_the_workers_context_has_ro
     messages = [{"role": "user", "content": "word " * 320}]  # about 400 tokens as the horde counts
     room = 800 - prompt_tokens(render_chat_prompt(messages))
     assert 300 < room < 512
-    chat = create_chat_request(
+    chat = create_reply_request(
         account=requester.account, address="", model=MODEL, messages=messages, max_length=None, params={}
     )
     # The short worker holds this prompt with `room` tokens of reply, more than the roomy one's 300.
     assert (chat.max_length, chat.max_context_length) == (room, 800)
     longer = [{"role": "user", "content": "word " * 1000}]
-    chat = create_chat_request(
+    chat = create_reply_request(
         account=requester.account, address="", model=MODEL, messages=longer, max_length=None, params={}
     )
     assert chat.max_length == 300  # only the roomy worker holds this prompt
-    text = create_completion_request(
+    text = create_reply_request(
         account=requester.account, address="", model=MODEL, prompt="hi", max_length=None, params={}
     )
     assert text.max_length == 512

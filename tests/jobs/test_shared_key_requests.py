@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from hordeops import clock, errors
 from jobs.models import TextRequest
-from jobs.services import create_chat_request, create_text_request
+from jobs.services import create_reply_request, create_text_request
 from kudos import ledger
 from kudos.models import Event
 from tests.conftest import race
@@ -210,7 +210,7 @@ def test_a_v1_request_without_max_tokens_is_held_to_the_keys_cap(make_caller):
     owner = make_caller("capped-owner")
     _chat_worker(owner)
     key = _key(owner, max_text_tokens=100)
-    request = create_chat_request(
+    request = create_reply_request(
         account=owner.account,
         address="",
         model="chat-model",
