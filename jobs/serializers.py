@@ -246,12 +246,33 @@ class SubmitInput(HotInput):
     seed = _int(-(2**63), 2**63 - 1, default=0)
     gen_metadata = serializers.ListField(child=serializers.DictField(), max_length=50, default=list)
 
+    @staticmethod
+    def built(valid: dict) -> dict[str, Any]:
+        """`submit_generation`'s arguments, in its names (the AI Horde's `id`, `generation`)."""
+        return {
+            "generation_id": valid["id"],
+            "text": valid["generation"],
+            "state": valid["state"],
+            "seed": valid["seed"],
+            "gen_metadata": valid["gen_metadata"],
+        }
+
 
 class ProgressInput(HotInput):
     id = StrictUUIDField()
     seq = _int(1, 10_000_000)
     delta = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
     tokens = _int(0, 10_000_000, required=False, allow_null=True)
+
+    @staticmethod
+    def built(valid: dict) -> dict[str, Any]:
+        """`record_progress`'s arguments, in its names."""
+        return {
+            "generation_id": valid["id"],
+            "seq": valid["seq"],
+            "delta": valid["delta"],
+            "tokens": valid.get("tokens"),
+        }
 
 
 class ProgressOutput(serializers.Serializer):

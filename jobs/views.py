@@ -219,29 +219,16 @@ class TextPopView(APIView):
 class TextProgressView(APIView):
     @keyed_route("text_progress", body=s.ProgressInput, answer=s.ProgressOutput, refusals=ERRORS)
     def post(self, request: Request) -> Response:
-        api_key, data = _worker_post(s.ProgressInput, request)
-        result = services.record_progress(
-            api_key=api_key,
-            generation_id=data["id"],
-            seq=data["seq"],
-            delta=data["delta"],
-            tokens=data.get("tokens"),
-        )
+        api_key, arguments = _worker_post(s.ProgressInput, request)
+        result = services.record_progress(api_key=api_key, **arguments)
         return Response(s.ProgressOutput(result).data)
 
 
 class TextSubmitView(APIView):
     @keyed_route("text_submit", body=s.SubmitInput, answer=s.SubmitOutput, refusals=ERRORS)
     def post(self, request: Request) -> Response:
-        api_key, data = _worker_post(s.SubmitInput, request)
-        reward = services.submit_generation(
-            api_key=api_key,
-            generation_id=data["id"],
-            text=data["generation"],
-            state=data["state"],
-            seed=data["seed"],
-            gen_metadata=data["gen_metadata"],
-        )
+        api_key, arguments = _worker_post(s.SubmitInput, request)
+        reward = services.submit_generation(api_key=api_key, **arguments)
         return Response({"reward": reward})
 
 
