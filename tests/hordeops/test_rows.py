@@ -114,6 +114,7 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
         "suspended_at",
         "suspension_reason",
         "flagged_at",
+        "pseudonymous",
     }
     assert full.get_deferred_fields() == set()
 
