@@ -107,9 +107,7 @@ def _sign_in(request: HttpRequest) -> HttpResponse:
     api_key = form.cleaned_data["apikey"]
     name = _login_name(api_key)
     if (locked := logins.lockout(request=request, username=name)) is not None:
-        minutes = -(-locked.seconds // 60)
-        plural = "s" if minutes != 1 else ""
-        refused = f"Too many wrong keys {locked.reason}: try again in {minutes} minute{plural}."
+        refused = f"Too many wrong keys {locked.reason}: {locked.wait}."
         return _sign_in_form(request, SignInForm(), refused=refused, status=429)
     try:
         account = services.key_account(api_key=api_key)

@@ -39,15 +39,11 @@ class HordeAdminSite(admin.AdminSite):
             locked = logins.lockout(request=request, username=request.POST.get("username", ""))
             if locked is not None:
                 logger.warning("admin login refused: %s locked for %d s", locked.what, locked.seconds)
-                minutes = -(-locked.seconds // 60)
                 context = {
                     **self.each_context(request),
                     "title": "Log in",
                     "form": AdminAuthenticationForm(request),
-                    "login_refused": (
-                        f"Too many failed logins {locked.reason}:"
-                        f" try again in {minutes} minute{'s' if minutes != 1 else ''}."
-                    ),
+                    "login_refused": f"Too many failed logins {locked.reason}: {locked.wait}.",
                     **(extra_context or {}),
                 }
                 return TemplateResponse(request, "admin/login.html", context, status=429)

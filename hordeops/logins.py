@@ -53,6 +53,12 @@ class Lockout:
     def reason(self) -> str:
         return "from this address" if self.what == "address" else "for this user from this address"
 
+    @property
+    def wait(self) -> str:
+        """How long to wait, as a refusal says it: whole minutes, rounded up."""
+        minutes = -(-self.seconds // 60)
+        return f"try again in {minutes} minute{'s' if minutes != 1 else ''}"
+
 
 def _name(username: str) -> str:
     # Hashed: a key holds no user input as such.
