@@ -68,7 +68,7 @@ def _reply_length(
     request that a worker which just came online would take.
     """
     online = Worker.objects.online_chat(now) if chat else Worker.objects.online(now)
-    # The context a request needs, as `_queue_reply` counts it: its prompt and its reply.
+    # The context a request needs, as `create_reply_request` counts it: its prompt and its reply.
     prompt_size = max(20, prompt_tokens(prompt))
     limits = online.filter(served_models__overlap=[model]).aggregate(
         longest=Max("max_length"), fitting=Max(Least("max_length", F("max_context_length") - prompt_size))
@@ -299,49 +299,29 @@ def create_reply_request(
     max_length_field: str = "max_tokens",
     shared_key: SharedKey | None = None,
 ) -> TextRequest:
-    """Queue one /v1 reply from `model`: a text completion of `prompt` when there is one (a text
-    job any of its workers may take, a legacy worker too, followed by its requester on the
-    relay), else a chat job of `messages`. `max_length` None: the most its online workers
-    accept (`_reply_length`); `max_length_field` names it as the client did."""
-    if prompt is not None:
-        fields: dict[str, Any] = {"kind": TextRequest.Kind.TEXT, "followed": True, "params": params}
-    else:
-        prompt = render_chat_prompt(messages or [])
-        fields = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
-    reply = {"model": model, "asked": max_length, "field": max_length_field, "deadline_at": deadline_at}
-    return _queue_reply(
-        account, address=address, now=now, prompt=prompt, shared_key=shared_key, **reply, **fields
-    )
-
-
-def _queue_reply(
-    account: Account,
-    *,
-    address: str,
-    now: datetime | None,
-    deadline_at: datetime | None,
-    model: str,
-    prompt: str,
-    asked: int | None,
-    field: str,
-    shared_key: SharedKey | None,
-    **fields: Any,
-) -> TextRequest:
-    """Admit and queue one /v1 reply from `model`, of at most `asked` tokens (None: the most
-    its workers accept, within a `shared_key`'s cap), `field` naming that limit as the client
-    did. A shared key is refused spent or expired, or past its cap or budget, as on the horde's
-    route (`create_text_request`), with no fallback: the /v1 protocols have no allow_downgrade."""
+    """Admit and queue one /v1 reply from `model`: a text completion of `prompt` when there is
+    one (a text job any of its workers may take, a legacy worker too, followed by its requester
+    on the relay), else a chat job of `messages`. `max_length` None: the most its online
+    workers accept (`_reply_length`), within a `shared_key`'s cap; `max_length_field` names it
+    as the client did. A shared key is refused spent or expired, or past its cap or budget, as
+    on the horde's route (`create_text_request`), with no fallback: the /v1 protocols have no
+    allow_downgrade."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
     account, shared_key = shared_keys.spender(account, shared_key, now=now, allow_downgrade=False)
-    if asked is not None:
-        shared_keys.within_cap(shared_key, tokens=asked)
-    chat = fields["kind"] == TextRequest.Kind.CHAT
-    max_length = _reply_length(model, prompt, now, chat=chat, asked=asked, field=field)
+    if max_length is not None:
+        shared_keys.within_cap(shared_key, tokens=max_length)
+    chat = prompt is None
+    if chat:
+        prompt = render_chat_prompt(messages or [])
+    max_length = _reply_length(model, prompt, now, chat=chat, asked=max_length, field=max_length_field)
     if shared_key is not None and shared_key.max_text_tokens != SharedKey.UNLIMITED:
         max_length = min(max_length, shared_key.max_text_tokens)
-    if not chat:  # a text job's worker, a legacy one too, reads its length from the params
-        fields["params"] = {**fields["params"], "max_length": max_length}
+    if chat:
+        fields: dict[str, Any] = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
+    else:  # a text job's worker, a legacy one too, reads its length from the params
+        params = {**params, "max_length": max_length}
+        fields = {"kind": TextRequest.Kind.TEXT, "followed": True, "params": params}
     return _queue(
         account,
         now=now,
