@@ -5,4 +5,3 @@ may do what), read as one: `errors.NotFound`, `errors.TimeoutIP`."""
 
 from hordeops.errors.access import *  # noqa: F403
 from hordeops.errors.base import *  # noqa: F403
-from hordeops.errors.base import DomainError, response_headers  # noqa: F401
