@@ -153,6 +153,15 @@ def reset_key(request: HttpRequest, account: Account) -> HttpResponse:
     return _page(request, account, new_key=api_key)
 
 
+def page_with_new_key(
+    request: HttpRequest, account: Account, *, api_key: str, first: bool
+) -> TemplateResponse:
+    """The page, showing once a key just made: a new account's (`first`) or a new one's."""
+    response = _page(request, account, new_key=api_key)
+    response.context_data["first_key"] = first
+    return response
+
+
 @_signed_in_or_form
 def transfer(request: HttpRequest, account: Account) -> HttpResponse:
     """Kudos sent with `kudos.transfers`, the route's service, its refusals the form's errors."""

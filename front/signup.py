@@ -77,7 +77,8 @@ def refusal(request: HttpRequest, refused: errors.DomainError) -> HttpResponse:
     if isinstance(refused, errors.TimeoutIP):
         context = {"title": "IP Address Banned", "message": TIMED_OUT, "detail": refused.message}
     else:
-        context = {"title": "Not Allowed", "message": refused.message}
+        offer_providers = isinstance(refused, errors.SignUpClosedInRaid)
+        context = {"title": "Not Allowed", "message": refused.message, "offer_providers": offer_providers}
     response = TemplateResponse(request, "front/refused.html", context, status=refused.status)
     for header, value in errors.response_headers(refused, refused.status).items():
         response[header] = value

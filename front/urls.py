@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from front import account, pages, signup
+from front import account, oauth, pages, signup
 
 app_name = "front"
 
@@ -13,5 +13,6 @@ urlpatterns = [
     path("account/reset", account.reset_key, name="reset-key"),
     path("account/transfer", account.transfer, name="transfer"),
     path("account/workers/<uuid:worker_id>/maintenance", account.worker_maintenance, name="maintenance"),
+    path("account/oauth", oauth.signed_in, name="oauth-signed-in"),
     path("register", signup.register, name="register"),
 ]

@@ -27,6 +27,10 @@ from hordeops.env import (
 # DATABASE_URL, REDIS_URL and Sentinel, DATABASES, CACHES, CELERY_BROKER_URL and the pool's bounds.
 from hordeops.settings_connections import *  # noqa: F403
 
+# OAuth's providers, each on when its client id and secret are set (front/oauth.py).
+from hordeops.settings_sign_in import *  # noqa: F403
+from hordeops.settings_sign_in import SIGN_IN_APPS
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -155,6 +159,7 @@ INSTALLED_APPS = [
     "workers",
     "jobs",
     "kudos",
+    *SIGN_IN_APPS,
 ]
 
 # A public horde's moderators are one password away from its accounts: Django's checks, with
@@ -180,6 +185,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     # No page may be framed (clickjacking of moderator actions); the API is not framed either.
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -194,6 +200,7 @@ PAGE_ONLY_MIDDLEWARE = (
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 )
 

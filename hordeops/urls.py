@@ -21,6 +21,7 @@ urlpatterns = [
     path("v1/models/<path:model_id>", chat_models.model, name="model"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("", include("django_prometheus.urls")),
+    path("oauth/", include("front.oauth_urls")),
     path("", include("front.urls")),
 ]
 

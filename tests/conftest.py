@@ -10,6 +10,7 @@ from django.core.cache import cache
 from django.db import connections
 from rest_framework.test import APIClient
 
+from tests.identity_provider import oidc_provider  # noqa: F401
 from tests.live import (  # noqa: F401
     live_stack,
     pgbouncer,

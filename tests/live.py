@@ -583,6 +583,8 @@ def live_stack(request: pytest.FixtureRequest, transactional_db: None) -> Iterat
     }
     # `@pytest.mark.live_env(NAME="value")`: settings of the test's own for the servers.
     env.update(sentinels)
+    if "oidc_provider" in request.fixturenames:
+        env.update(request.getfixturevalue("oidc_provider").settings)
     if "streaming_replica" in request.fixturenames:
         env["DATABASE_REPLICA_URL"] = request.getfixturevalue("streaming_replica").url
     if marker := request.node.get_closest_marker("live_env"):

@@ -70,6 +70,15 @@ class Account(models.Model):
     # Made through the sign-up page (`front/signup.py`) with no identity behind it, as the AI
     # Horde's pseudonymous users: its kudos floor is theirs (`kudos.rates.floor`).
     pseudonymous = models.BooleanField(default=False, db_default=False)
+    # The identity a person signs in with through a provider (front/oauth.py): a Django user with
+    # no password, on which allauth keeps the provider's id for them; none for a key's account.
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="horde_account",
+    )
 
     class Meta:
         ordering = ("name",)

@@ -48,15 +48,16 @@ def create_account(*, name: str, trusted: bool = False, pseudonymous: bool = Fal
 REGISTRATION_WINDOW = timedelta(days=1)
 
 
-def refuse_sign_up(*, address: str) -> None:
+def refuse_sign_up(*, address: str, pseudonymous: bool = True) -> None:
     """Refuse a sign-up from `address` the horde's state forbids whatever the form says: a
-    timed-out address (403 TimeoutIP), or any address in raid mode (403, `SignUpClosedInRaid`);
-    an address a proxy garbled (400), which would escape both."""
+    timed-out address (403 TimeoutIP), or in raid mode any pseudonymous one (403,
+    `SignUpClosedInRaid`: a provider's identity may still sign up, as the AI Horde decides); an
+    address a proxy garbled (400), which would escape both."""
     if is_unreadable(address):
         raise errors.UnreadableAddress()
     if (refused := timeouts.refusal(address)) is not None:
         raise refused
-    if modes.read().raid:
+    if pseudonymous and modes.read().raid:
         raise errors.SignUpClosedInRaid()
 
 

@@ -32,10 +32,10 @@ class RaidMode(DomainError, code="RaidMode", status=403):
 
 
 class SignUpClosedInRaid(RaidMode):
-    # The AI Horde's words; it lets OAuth accounts register still, and this horde has no OAuth yet.
+    # As the AI Horde, a provider's identity may still sign up (front/oauth.py).
     default_message = (
         "We cannot allow anonymous registrations at the moment: this horde is defending itself "
-        "from a raid, and sign-up is closed until it ends. Please try again later."
+        "from a raid. Please try again later, or sign up with a provider where this horde offers one."
     )
 
 
