@@ -1,6 +1,7 @@
 """The account page, `/account`: a person signs in with their API key and sees their kudos,
-their last 30 days, their ledger and their workers; transfers kudos, toggles their workers'
-maintenance, resets their key and signs out.
+their last 30 days, their ledger, their workers and their shared keys; transfers kudos, toggles
+their workers' maintenance, resets their key and signs out (the shared keys' forms post to
+`front.shared_keys`).
 
 The session holds the account's id and its key's hash, never the key: each request loads the
 account and ends the session when the hash no longer matches (the key was reset, here or by a
@@ -23,6 +24,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from front import charts
+from front.shared_key_forms import Section, section
 from hordeops import clock, errors, logins
 from jobs.activity import daily_tokens
 from kudos import holds, transfers
@@ -197,7 +199,12 @@ def _days(now) -> list:
 
 
 def _page(
-    request: HttpRequest, account: Account, *, transfer_form: TransferForm | None = None, new_key: str = ""
+    request: HttpRequest,
+    account: Account,
+    *,
+    transfer_form: TransferForm | None = None,
+    new_key: str = "",
+    shared_keys: Section | None = None,
 ) -> TemplateResponse:
     now = clock.now()
     days = _days(now)
@@ -231,6 +238,7 @@ def _page(
         "ledger": ledger.get_page(request.GET.get("page")),
         "workers": [(worker, worker.is_online(now)) for worker in account.workers.live().order_by("name")],
         "transfer_form": transfer_form or TransferForm(initial={"idempotency_key": uuid4().hex}),
+        "shared_keys": shared_keys or section(account, now=now),
         "new_key": new_key,
     }
     return TemplateResponse(request, "front/account.html", context)
