@@ -1,6 +1,7 @@
 """The account page, `/account`: a person signs in with their API key and sees their kudos,
-their last 30 days, their ledger and their workers; transfers kudos, toggles their workers'
-maintenance, resets their key and signs out.
+their last 30 days, their ledger, their workers and their shared keys; transfers kudos, toggles
+their workers' maintenance, resets their key and signs out (the shared keys' forms post to
+`front.shared_keys`).
 
 The session holds the account's id and its key's hash, never the key: each request loads the
 account and ends the session when the hash no longer matches (the key was reset, here or by a
@@ -23,6 +24,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from front import charts
+from front.shared_key_forms import Section, section
 from hordeops import clock, errors, logins
 from jobs.activity import daily_tokens
 from kudos import holds, transfers
@@ -92,7 +94,7 @@ def account_page(request: HttpRequest) -> HttpResponse:
     account, ended = signed_in(request)
     if account is None:
         return _sign_in_form(request, SignInForm(), refused=ended)
-    return _page(request, account)
+    return render_page(request, account)
 
 
 def _sign_in_form(request: HttpRequest, form: SignInForm, *, refused: str = "", status: int = 200):
@@ -128,7 +130,7 @@ def sign_out(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(reverse("front:account"))
 
 
-def _signed_in_or_form(view):
+def signed_in_or_form(view):
     """Run `view` with the session's account; else the sign-in form, and why."""
 
     def run(request: HttpRequest, *args, **kwargs) -> HttpResponse:
@@ -142,7 +144,7 @@ def _signed_in_or_form(view):
     return never_cache(require_POST(run))
 
 
-@_signed_in_or_form
+@signed_in_or_form
 def reset_key(request: HttpRequest, account: Account) -> HttpResponse:
     """A new key, shown once in this answer; the old one refused at once everywhere (the key is
     looked up in the database on every call; no process keeps a key it saw good)."""
@@ -150,24 +152,15 @@ def reset_key(request: HttpRequest, account: Account) -> HttpResponse:
     request.session[KEY_HASH] = hash_api_key(api_key)
     logger.info("account %s reset its key on the account page", account.pk)
     account.api_key_hash = hash_api_key(api_key)
-    return _page(request, account, new_key=api_key)
+    return render_page(request, account, new_key=api_key)
 
 
-def page_with_new_key(
-    request: HttpRequest, account: Account, *, api_key: str, first: bool
-) -> TemplateResponse:
-    """The page, showing once a key just made: a new account's (`first`) or a new one's."""
-    response = _page(request, account, new_key=api_key)
-    response.context_data["first_key"] = first
-    return response
-
-
-@_signed_in_or_form
+@signed_in_or_form
 def transfer(request: HttpRequest, account: Account) -> HttpResponse:
     """Kudos sent with `kudos.transfers`, the route's service, its refusals the form's errors."""
     form = TransferForm(request.POST)
     if not form.is_valid():
-        return _page(request, account, transfer_form=form)
+        return render_page(request, account, transfer_form=form)
     data = form.cleaned_data
     try:
         key = transfers.idempotency_key(header=data["idempotency_key"])
@@ -177,12 +170,12 @@ def transfer(request: HttpRequest, account: Account) -> HttpResponse:
         )
     except errors.DomainError as refused:
         form.add_error(None, refused.message)
-        return _page(request, account, transfer_form=form)
+        return render_page(request, account, transfer_form=form)
     messages.success(request, f"Sent {moved} kudos to {data['username']}.")
     return HttpResponseRedirect(reverse("front:account"))
 
 
-@_signed_in_or_form
+@signed_in_or_form
 def worker_maintenance(request: HttpRequest, account: Account, worker_id: UUID) -> HttpResponse:
     """The owner's maintenance toggle, by `workers.services.change_worker`'s rules (a
     moderator's maintenance the owner cannot lift)."""
@@ -205,9 +198,16 @@ def _days(now) -> list:
     return [today - timedelta(days=n) for n in range(CHART_DAYS - 1, -1, -1)]
 
 
-def _page(
-    request: HttpRequest, account: Account, *, transfer_form: TransferForm | None = None, new_key: str = ""
+def render_page(
+    request: HttpRequest,
+    account: Account,
+    *,
+    transfer_form: TransferForm | None = None,
+    new_key: str = "",
+    first_key: bool = False,
+    shared_keys: Section | None = None,
 ) -> TemplateResponse:
+    """The page of a signed-in account; `new_key` shown once, a new account's when `first_key`."""
     now = clock.now()
     days = _days(now)
     since = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=CHART_DAYS - 1)
@@ -220,7 +220,9 @@ def _page(
         "account": account,
         "username": unique_alias(account),
         "details": details,
-        "available": holds.available(account_id=account.pk, anonymous=account.is_anonymous),
+        "available": holds.available(
+            account_id=account.pk, anonymous=account.is_anonymous, pseudonymous=account.pseudonymous
+        ),
         "kudos_chart": charts.daily_bars(
             title="Kudos per day, last 30 days",
             days=days,
@@ -240,6 +242,8 @@ def _page(
         "ledger": ledger.get_page(request.GET.get("page")),
         "workers": [(worker, worker.is_online(now)) for worker in account.workers.live().order_by("name")],
         "transfer_form": transfer_form or TransferForm(initial={"idempotency_key": uuid4().hex}),
+        "shared_keys": shared_keys or section(account, now=now),
         "new_key": new_key,
+        "first_key": first_key,
     }
     return TemplateResponse(request, "front/account.html", context)

@@ -123,5 +123,5 @@ def signed_in(request: HttpRequest) -> HttpResponse:
         return TemplateResponse(request, "front/account_sign_in.html", context, status=refused.status)
     account.start_session(request, signed.account)
     if signed.api_key:
-        return account.page_with_new_key(request, signed.account, api_key=signed.api_key, first=signed.made)
+        return account.render_page(request, signed.account, new_key=signed.api_key, first_key=signed.made)
     return HttpResponseRedirect(reverse("front:account"))

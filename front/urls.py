@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from front import account, oauth, pages, signup
+from front import account, oauth, pages, shared_keys, signup
 
 app_name = "front"
 
@@ -14,5 +14,8 @@ urlpatterns = [
     path("account/transfer", account.transfer, name="transfer"),
     path("account/workers/<uuid:worker_id>/maintenance", account.worker_maintenance, name="maintenance"),
     path("account/oauth", oauth.signed_in, name="oauth-signed-in"),
+    path("account/shared-keys", shared_keys.create, name="shared-key-create"),
+    path("account/shared-keys/<uuid:key_id>/edit", shared_keys.edit, name="shared-key-edit"),
+    path("account/shared-keys/<uuid:key_id>/delete", shared_keys.delete, name="shared-key-delete"),
     path("register", signup.register, name="register"),
 ]

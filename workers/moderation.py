@@ -1,5 +1,5 @@
 """What the "Moderators" group may do: view everything of hordeops, change accounts and workers,
-keep the kudos model table and award kudos.
+keep the kudos model table, award kudos and delete shared keys.
 
 The admin narrows "change" to trust, the account deadline limit and maintenance. Used by the
 migration that creates the group (with the historical models) and by tests.
@@ -24,6 +24,8 @@ PERMISSIONS = (
     ("workers", "add_workermessage"),
     ("workers", "change_workermessage"),
     ("workers", "delete_workermessage"),
+    ("workers", "view_sharedkey"),
+    ("workers", "delete_sharedkey"),
     ("jobs", "view_textrequest"),
     ("jobs", "cancel_textrequest"),
     ("jobs", "view_generation"),

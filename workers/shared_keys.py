@@ -5,6 +5,10 @@ cap per request; and the account a requester route's key spends for.
 A shared key is told from an account's key by its form alone: it is a UUID, which an account's
 key never is (`new_api_key`: 22 characters), so each key is looked up once, in one table.
 Spending the budget is the queueing's (`jobs.services.requests`, with `workers.sql.spend_shared_key`).
+
+The services that make, change and delete keys take the owner `Account`, whoever found it: the
+routes from the `apikey` header (`caller`), the account page from its session. An `Account` is
+never a shared key, so a shared key cannot make or change keys by either way.
 """
 
 from datetime import datetime, timedelta
@@ -15,7 +19,7 @@ from uuid import UUID
 
 from django.db import transaction
 
-from hordeops import clock, errors
+from hordeops import clock, errors, ratelimit
 from workers.details import unique_alias
 from workers.models import ANONYMOUS_API_KEY_HASH, Account, SharedKey
 from workers.services import authenticate, key_account, refuse_suspended
@@ -23,10 +27,17 @@ from workers.services import authenticate, key_account, refuse_suspended
 # How many shared keys an account may have (the AI Horde's `max_sharedkeys`).
 MAX_KEYS = 3
 MAX_KEYS_TRUSTED = 10
-# A key's budget may be set to at most this (the AI Horde's `SharedKeyInput`).
+# A key's settings are bounded as the AI Horde's `SharedKeyInput` bounds them, on every way in:
+# a budget of at most MAX_KUDOS, an expiry at most MAX_EXPIRY_DAYS (about 100 years) away, a cap
+# of at most MAX_TEXT_TOKENS; each may be -1 (unlimited, never, no cap).
 MAX_KUDOS = 50_000_000
-# An expiry may be at most this many days away (about 100 years).
 MAX_EXPIRY_DAYS = 36_500
+MAX_TEXT_TOKENS = 1_048_576
+BOUNDS = {"kudos": MAX_KUDOS, "expiry": MAX_EXPIRY_DAYS, "max_text_tokens": MAX_TEXT_TOKENS}
+# A name, when it has one.
+NAME_LENGTH = (3, 255)
+# The AI Horde's limit on making shared keys: 5 a minute (per account here).
+CREATIONS = (5 / 60, 5)
 
 
 def shared_key_id(api_key: str | None) -> UUID | None:
@@ -138,34 +149,63 @@ def _expiry(days: int, now: datetime) -> datetime | None:
     return None if days == SharedKey.UNLIMITED else now + timedelta(days=days)
 
 
-def _owner(api_key: str | None) -> Account:
-    """The account of an account's key (a shared key cannot manage keys: 401), not anonymous."""
-    account = authenticate(api_key=api_key)
-    if account.is_anonymous:
-        raise errors.AnonForbidden()
-    return account
+def _within_bounds(settings: dict[str, Any]) -> None:
+    """Refuse a setting out of bounds (400): the route's body and the page's form check them
+    first, field by field; this holds for any other caller."""
+    for field, most in BOUNDS.items():
+        value = settings.get(field)
+        if value is not None and not SharedKey.UNLIMITED <= value <= most:
+            raise errors.BadRequest(f"{field} must be from -1 to {most}.")
+    name = settings.get("name")
+    shortest, longest = NAME_LENGTH
+    if name and not shortest <= len(name) <= longest:
+        raise errors.BadRequest(f"A shared key's name is {shortest} to {longest} characters long.")
+
+
+def allowed(account: Account) -> int:
+    """How many shared keys the account may have."""
+    return MAX_KEYS_TRUSTED if account.trusted else MAX_KEYS
+
+
+def caller(*, api_key: str | None, key_id: str | None = None) -> Account:
+    """The account whose key a shared-key route was sent with (a shared key is no account's
+    key: 401). With `key_id`, the route about one key tells an unknown key first, as the AI
+    Horde's does (401 "No user matching sent Shared Key."), then a bad caller's key."""
+    if key_id is not None and find(key_id) is None:
+        raise errors.SharedKeyNotFound()
+    return authenticate(api_key=api_key)
+
+
+def take_rate(*, account_id: int) -> None:
+    """Spend one of the account's key creations (`CREATIONS`), on the route and the account
+    page alike, or refuse (429) with the wait."""
+    rate, burst = CREATIONS
+    if wait := ratelimit.take([ratelimit.Bucket(f"hordeops:rate:sharedkeys:{account_id}", rate, burst)]):
+        raise errors.RateLimited(wait_seconds=wait, refusal="rate_limit")
 
 
 def create_shared_key(
     *,
-    api_key: str | None,
+    owner: Account,
     kudos: int = 5000,
     expiry: int = -1,
     name: str = "",
     max_text_tokens: int = -1,
     now: datetime,
 ) -> SharedKey:
-    """PUT /api/v2/sharedkeys: a new key of the caller's, at most MAX_KEYS (MAX_KEYS_TRUSTED
-    if trusted) each, counted under the account's row lock so that two at once cannot pass.
-    `expiry` is in days from now, -1 for never."""
-    account = _owner(api_key)
-    allowed = MAX_KEYS_TRUSTED if account.trusted else MAX_KEYS
+    """PUT /api/v2/sharedkeys: a new key of `owner`'s (not the anonymous account: 403), at
+    most `allowed` each, counted under the account's row lock so that two at once cannot pass.
+    `expiry` is in days from now, -1 for never. The creation rate is `take_rate`'s."""
+    if owner.is_anonymous:
+        raise errors.AnonForbidden()
+    _within_bounds({"kudos": kudos, "expiry": expiry, "name": name, "max_text_tokens": max_text_tokens})
+    most = allowed(owner)
     with transaction.atomic():
-        Account.objects.select_for_update(no_key=True).filter(pk=account.pk).exists()
-        if SharedKey.objects.filter(account=account).count() >= allowed:
-            raise errors.Forbidden(f"You cannot have more than {allowed} shared keys.")
+        Account.objects.select_for_update(no_key=True).filter(pk=owner.pk).exists()
+        if SharedKey.objects.filter(account=owner).count() >= most:
+            raise errors.Forbidden(f"You cannot have more than {most} shared keys.")
         key = SharedKey.objects.create(
-            account=account,
+            account=owner,
             kudos=kudos,
             expiry=_expiry(expiry, now),
             name=name,
@@ -175,27 +215,37 @@ def create_shared_key(
     return key
 
 
-def _owned(api_key: str | None, key_id: str) -> tuple[Account, SharedKey]:
-    """The key `key_id` names and its owner, the caller (the AI Horde's order: an unknown key
-    first, 401; then the caller's key, 401; then another's key, 403 `Forbidden`)."""
+def _owned(owner: Account, key_id: str) -> SharedKey:
+    """The key `key_id` names, if `owner`'s (unknown: 401; another account's: 403 `Forbidden`)."""
     key = find(key_id)
     if key is None:
         raise errors.SharedKeyNotFound()
-    account = authenticate(api_key=api_key)
-    if key.account_id != account.pk:
+    if key.account_id != owner.pk:
         raise errors.Forbidden(
-            f"Shared Key {key.pk} belongs to {unique_alias(key.account)} and not to {unique_alias(account)}."
+            f"Shared Key {key.pk} belongs to {unique_alias(key.account)} and not to {unique_alias(owner)}."
         )
-    return account, key
+    return key
 
 
-def modify_shared_key(*, api_key: str | None, key_id: str, now: datetime, **changes: Any) -> SharedKey:
-    """PATCH /api/v2/sharedkeys/{id}: set the `changes` given (not None) of `kudos`, `expiry`
-    (days from now, -1 never), `name`, `max_text_tokens`; none: 400 NoSharedKeyModSelected."""
-    _, key = _owned(api_key, key_id)
+def modify_shared_key(
+    *,
+    owner: Account,
+    key_id: str,
+    now: datetime,
+    kudos: int | None = None,
+    expiry: int | None = None,
+    name: str | None = None,
+    max_text_tokens: int | None = None,
+) -> SharedKey:
+    """PATCH /api/v2/sharedkeys/{id}: set what is given (not None) of `kudos`, `expiry` (days
+    from now, -1 never), `name`, `max_text_tokens` on `owner`'s key; none: 400
+    NoSharedKeyModSelected."""
+    key = _owned(owner, key_id)
+    changes = {"kudos": kudos, "expiry": expiry, "name": name, "max_text_tokens": max_text_tokens}
     given = {field: value for field, value in changes.items() if value is not None}
     if not given:
         raise errors.NoSharedKeyModSelected()
+    _within_bounds(given)
     if "expiry" in given:
         given["expiry"] = _expiry(given["expiry"], now)
     SharedKey.objects.filter(pk=key.pk).update(**given)
@@ -203,11 +253,17 @@ def modify_shared_key(*, api_key: str | None, key_id: str, now: datetime, **chan
     return key
 
 
-def delete_shared_key(*, api_key: str | None, key_id: str) -> None:
-    """DELETE /api/v2/sharedkeys/{id}: refused from then on (401 "No user matching sent Shared
-    Key."); what it queued before stays queued, paid for."""
-    _, key = _owned(api_key, key_id)
-    SharedKey.objects.filter(pk=key.pk).delete()
+def delete_shared_key(*, owner: Account, key_id: str) -> None:
+    """DELETE /api/v2/sharedkeys/{id}: `owner`'s key, refused from then on (401 "No user
+    matching sent Shared Key."); what it queued before stays queued, paid for."""
+    delete_shared_keys(key_ids=[_owned(owner, key_id).pk])
+
+
+def delete_shared_keys(*, key_ids: list[UUID]) -> int:
+    """Delete these keys, whoever owns them (a moderator's, in the admin): each is refused on
+    every route from then on, as its owner's deletion makes it. Returns how many were."""
+    deleted, _ = SharedKey.objects.filter(pk__in=key_ids).delete()
+    return deleted
 
 
 def for_requester(*, api_key: str | None) -> Account:

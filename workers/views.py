@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hordeops import clock, errors, ratelimit
+from hordeops import clock, errors
 from hordeops.replica import replica_reads
 from hordeops.serializers import (
     APIKEY,
@@ -287,11 +287,17 @@ class SharedKeyInput(serializers.Serializer):
     )
     # Kept as sent: a trimmed name could be shorter than the schema allows.
     name = StrictCharField(
-        min_length=3, max_length=255, required=False, allow_null=True, trim_whitespace=False
+        min_length=shared_keys.NAME_LENGTH[0],
+        max_length=shared_keys.NAME_LENGTH[1],
+        required=False,
+        allow_null=True,
+        trim_whitespace=False,
     )
     max_image_pixels = StrictIntegerField(min_value=-1, max_value=4_194_304, required=False, allow_null=True)
     max_image_steps = StrictIntegerField(min_value=-1, max_value=500, required=False, allow_null=True)
-    max_text_tokens = StrictIntegerField(min_value=-1, max_value=1_048_576, required=False, allow_null=True)
+    max_text_tokens = StrictIntegerField(
+        min_value=-1, max_value=shared_keys.MAX_TEXT_TOKENS, required=False, allow_null=True
+    )
 
 
 class SharedKeyOutput(serializers.Serializer):
@@ -308,8 +314,6 @@ class SharedKeyOutput(serializers.Serializer):
     max_text_tokens = serializers.IntegerField()
 
 
-# The AI Horde's limit on making shared keys: 5 a minute (per account here).
-SHARED_KEY_CREATIONS = (5 / 60, 5)
 SHARED_KEY_ID = OpenApiParameter("sharedkey_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 SHARED_KEY_ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 408, 413, 429)}
 
@@ -324,14 +328,10 @@ class SharedKeysView(APIView):
     @keyed_route("sharedkey_create", body=SharedKeyInput, answer=SharedKeyOutput, refusals=SHARED_KEY_ERRORS)
     def put(self, request: Request) -> Response:
         """Make a shared key of the caller's (`kudos` 5000, -1 unlimited; `expiry` in days, -1 never)."""
-        api_key = request.headers.get("apikey")
-        account = services.authenticate(api_key=api_key)
+        account = shared_keys.caller(api_key=request.headers.get("apikey"))
         data = _valid(SharedKeyInput, request)
-        rate, burst = SHARED_KEY_CREATIONS
-        wait = ratelimit.take([ratelimit.Bucket(f"hordeops:rate:sharedkeys:{account.pk}", rate, burst)])
-        if wait:
-            raise errors.RateLimited(wait_seconds=wait, refusal="rate_limit")
-        key = shared_keys.create_shared_key(api_key=api_key, now=clock.now(), **_settings(data))
+        shared_keys.take_rate(account_id=account.pk)
+        key = shared_keys.create_shared_key(owner=account, now=clock.now(), **_settings(data))
         return Response(shared_keys.details(key))
 
 
@@ -353,13 +353,13 @@ class SharedKeyView(APIView):
         """Change the owner's key: what the body gives (at least one), the rest as it was."""
         data = _valid(SharedKeyInput, request)
         changes = {field: data.get(field) for field in ("kudos", "expiry", "name", "max_text_tokens")}
-        key = shared_keys.modify_shared_key(
-            api_key=request.headers.get("apikey"), key_id=sharedkey_id, now=clock.now(), **changes
-        )
+        owner = shared_keys.caller(api_key=request.headers.get("apikey"), key_id=sharedkey_id)
+        key = shared_keys.modify_shared_key(owner=owner, key_id=sharedkey_id, now=clock.now(), **changes)
         return Response(shared_keys.details(key))
 
     @keyed_route("sharedkey_delete", answer=SIMPLE, refusals=SHARED_KEY_ERRORS)
     def delete(self, request: Request, sharedkey_id: str) -> Response:
         """Delete the owner's key: refused everywhere from then on."""
-        shared_keys.delete_shared_key(api_key=request.headers.get("apikey"), key_id=sharedkey_id)
+        owner = shared_keys.caller(api_key=request.headers.get("apikey"), key_id=sharedkey_id)
+        shared_keys.delete_shared_key(owner=owner, key_id=sharedkey_id)
         return Response({"message": "OK"})

@@ -114,8 +114,9 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "flagged_at",
         "created_at",
         *_KUDOS,
+        "shared_keys",
     )
-    readonly_fields = ("suspended_at", "flagged_at", "created_at", *_KUDOS)
+    readonly_fields = ("suspended_at", "flagged_at", "created_at", *_KUDOS, "shared_keys")
     moderated_fields = (
         "trusted",
         "deadline_limit_ms",
@@ -212,6 +213,16 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
             url,
             account.pk,
             award,
+        )
+
+    @admin.display(description="shared keys")
+    def shared_keys(self, account: Account) -> str:
+        url = reverse("admin:workers_sharedkey_changelist")
+        return format_html(
+            '<a href="{}?account__id__exact={}">its shared keys ({})</a>',
+            url,
+            account.pk,
+            account.shared_keys.count(),
         )
 
     # -- Actions -------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The account page in a real headless Chromium, as a person uses it: sign in with the key,
-see the balance and the chart, reset the key and read the new one; the old key is then refused.
+see the balance and the chart, make a shared key and see it listed, reset the key and read the
+new one; the old key is then refused, the shared key still spends for the account.
 
 Rows are made before `chromium()` opens (Playwright's loop runs in this thread, and Django
 refuses ORM calls beside it). Screenshots go to $SCREENSHOT_DIR, as the admin's do.
@@ -20,7 +21,7 @@ from kudos import ledger
 from kudos.models import Event, Wallet
 from tests.front.test_admin_in_a_browser import chromium, screenshot
 from tests.live import LiveStack
-from workers.models import Worker
+from workers.models import SharedKey, Worker
 from workers.services import create_account
 
 pytestmark = pytest.mark.parametrize("live_stack", [1], indirect=True)
@@ -69,7 +70,7 @@ def _tokens(account, worker: Worker) -> None:
         )
 
 
-def test_a_person_signs_in_sees_their_kudos_and_resets_their_key(live_stack: LiveStack):
+def test_a_person_signs_in_sees_their_kudos_makes_a_shared_key_and_resets_their_key(live_stack: LiveStack):
     account, api_key = create_account(name="alice")
     _history(account.pk)
     worker = Worker.objects.create(name="alice-gpu", account=account, speed=21.3, completed_jobs=128)
@@ -89,6 +90,19 @@ def test_a_person_signs_in_sees_their_kudos_and_resets_their_key(live_stack: Liv
         tokens = page.get_by_test_id("tokens-chart").locator("svg.chart")
         assert float(tokens.locator("rect.served").nth(29 - 9).get_attribute("height")) > 0
         expect(page.locator("tr[data-worker=alice-gpu]")).to_contain_text("Start maintenance")
+
+        expect(page.get_by_test_id("shared-keys")).to_have_count(0)
+        create = page.get_by_test_id("shared-key-create")
+        create.get_by_label("Name").fill("for my bot")
+        create.locator("input[name=kudos]").fill("500")
+        create.locator("input[name=max_text_tokens]").fill("256")
+        create.get_by_role("button", name="Make a shared key").click()
+        expect(page.locator("ul.messages")).to_contain_text("Made the shared key for my bot:")
+        row = page.get_by_test_id("shared-keys").locator("tr[data-shared-key]")
+        expect(row).to_have_count(1)
+        expect(row).to_contain_text("for my bot")
+        expect(row).to_contain_text("500.00")
+        shared_key = row.locator("code.shared-key").inner_text().strip()
         screenshot(page, "account")
 
         page.get_by_role("button", name=re.compile("Reset")).click()
@@ -101,3 +115,12 @@ def test_a_person_signs_in_sees_their_kudos_and_resets_their_key(live_stack: Liv
     assert old.status_code == 401 and old.json()["rc"] == "InvalidAPIKey"
     found = httpx.get(f"{base}/api/v2/find_user", headers={"apikey": new_key})
     assert found.status_code == 200 and found.json()["username"] == f"alice#{account.pk}"
+    made = SharedKey.objects.get(pk=shared_key)
+    assert (made.account_id, made.name, made.kudos, made.max_text_tokens) == (
+        account.pk,
+        "for my bot",
+        500,
+        256,
+    )
+    through = httpx.get(f"{base}/api/v2/find_user", headers={"apikey": shared_key})
+    assert through.json()["username"] == f"alice#{account.pk} (Shared Key: for my bot)"

@@ -10,7 +10,7 @@ from email.utils import parsedate_to_datetime
 import pytest
 from rest_framework.test import APIClient
 
-from hordeops import clock
+from hordeops import clock, errors
 from kudos import ledger
 from tests.conftest import give_kudos
 from workers import shared_keys
@@ -77,9 +77,9 @@ def test_an_account_may_have_three_shared_keys_and_a_trusted_one_ten(make_caller
     body = _refused(_create(untrusted, name="fourth"), 403, "Forbidden")
     assert body["message"] == "You cannot have more than 3 shared keys."
     for _ in range(10):
-        shared_keys.create_shared_key(api_key=trusted.api_key, now=clock.now())
+        shared_keys.create_shared_key(owner=trusted.account, now=clock.now())
     with pytest.raises(Exception, match="more than 10 shared keys"):
-        shared_keys.create_shared_key(api_key=trusted.api_key, now=clock.now())
+        shared_keys.create_shared_key(owner=trusted.account, now=clock.now())
     assert SharedKey.objects.filter(account=untrusted.account).count() == 3
 
 
@@ -122,6 +122,25 @@ def test_bad_settings_are_refused_in_the_horde_shape_and_nothing_is_made(request
     assert made.status_code == 400, made.content
     assert made.json()["rc"] == "BadRequest" or "errors" in made.json()
     assert not SharedKey.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kudos": -2},
+        {"kudos": 50_000_001},
+        {"expiry": 36_501},
+        {"max_text_tokens": 1_048_577},
+        {"name": "ab"},
+    ],
+)
+def test_the_services_hold_the_bounds_for_any_caller(requester, bad):
+    with pytest.raises(errors.BadRequest):
+        shared_keys.create_shared_key(owner=requester.account, now=clock.now(), **bad)
+    key = shared_keys.create_shared_key(owner=requester.account, now=clock.now(), name="kept")
+    with pytest.raises(errors.BadRequest):
+        shared_keys.modify_shared_key(owner=requester.account, key_id=str(key.pk), now=clock.now(), **bad)
+    assert list(SharedKey.objects.values_list("name", "kudos")) == [("kept", 5000)]
 
 
 def test_anyone_with_a_shared_key_reads_its_details_and_an_unknown_one_is_401(requester):
