@@ -115,6 +115,7 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
         "suspension_reason",
         "flagged_at",
         "pseudonymous",
+        "user_id",
     }
     assert full.get_deferred_fields() == set()
 
