@@ -46,6 +46,11 @@ TEXT_WORKER_MAX_TOKENS_PER_SECOND = env_int("TEXT_WORKER_MAX_TOKENS_PER_SECOND",
 # An empty pop's `skipped` counts are reused for this long per worker and web process (0: counted
 # at every empty pop): jobs/services/pop.py RecentSkips.
 POP_SKIPPED_CACHE_SECONDS = env_int("POP_SKIPPED_CACHE_SECONDS", 10)
+# The next turn of a conversation is offered to the worker that served the last one for this
+# long, if it is free (jobs/affinity.py); 0 turns it off. Conversations are remembered for
+# WARM_WORKER_MEMORY_SECONDS after their last turn.
+WARM_WORKER_SECONDS = env_float("WARM_WORKER_SECONDS", 2.0)
+WARM_WORKER_MEMORY_SECONDS = env_int("WARM_WORKER_MEMORY_SECONDS", 600)
 STALE_GENERATION_PASS_SECONDS = env_int("STALE_GENERATION_PASS_SECONDS", 60)
 WORKER_ONLINE_SECONDS = env_int("WORKER_ONLINE_SECONDS", 300)
 # Escrowed kudos past which an account at least a week old becomes trusted; unset: never.

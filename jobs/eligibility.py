@@ -41,6 +41,7 @@ SLOW_WORKER_TOKENS_PER_SECOND = 2
 def params(now: datetime) -> dict[str, Any]:
     """The values the SQL below refers to."""
     return {
+        "now": now,
         "online_since": online_since(now),
         "unmeasured": settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND,
         "slow_floor": SLOW_WORKER_TOKENS_PER_SECOND,
@@ -132,4 +133,15 @@ def _offer_sql(r: str, w: str, wa: str, *, shape: bool) -> str:
         f" AND {tier_sql(r, 'v', 'va')} < {tier_sql(r, w, wa)}"
     )
     mine = filters_sql(r, w, wa, shape="popper" if shape else "")
+    if not shape:  # a shape has no preferred worker: its requests are each decided by this rule
+        mine += f" AND {preferred_sql(r, w)}"
     return f"({mine} AND ({tier_sql(r, w, wa)} = 1 OR NOT EXISTS ({better})))"
+
+
+def preferred_sql(r: str, w: str) -> str:
+    """The next turn of a conversation is the warm worker's alone until its time is up
+    (`jobs.affinity`). Only the popping worker's test: the speed gate still weighs every
+    worker online, as the preference is set only where the warm one passes it."""
+    return (
+        f"({r}.preferred_worker IS NULL OR {r}.preferred_worker = {w}.id OR {r}.preferred_until <= %(now)s)"
+    )

@@ -113,6 +113,11 @@ class TextRequest(models.Model):
     # counts against what its account may spend and is released when the request ends.
     kudos_reserved = amount_field(default=ZERO, db_default=ZERO)
     kudos_spent = amount_field(default=ZERO, db_default=ZERO)
+    # The worker that served the conversation this request continues (`jobs.affinity`): it
+    # alone is offered the request until `preferred_until`, so that its engine reuses the
+    # history it holds; then anyone is.
+    preferred_worker = models.UUIDField(null=True, blank=True)
+    preferred_until = models.DateTimeField(null=True, blank=True)
 
     objects = TextRequestQuerySet.as_manager()
 

@@ -16,7 +16,7 @@ from django.db.models.functions import Least
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
-from jobs import admission, spending, sql
+from jobs import admission, affinity, eligibility, spending, sql
 from jobs.models import Generation, TextRequest
 from jobs.protocols.base import MAX_REPLY_TOKENS
 from jobs.status import eligible_workers
@@ -215,6 +215,7 @@ def _queue(
     )
     limit = account.waiting_requests_limit
     upfront_cost = request.kudos_reserved + rates.HORDE_TAX
+    warm = affinity.warm_worker(account_id=account.pk, prompt=request.prompt)
     params = {
         **insert_values(request, exclude=("fair_rank", "priority")),
         "limit": limit,
@@ -242,7 +243,20 @@ def _queue(
         raise errors.KudosUpfront(tokens=tokens, required=upfront_cost)
     request.fair_rank = rank
     request._state.adding, request._state.db = False, connection.alias
+    if warm is not None:
+        _prefer(request, worker_id=warm, now=now)
     return request
+
+
+def _prefer(request: TextRequest, *, worker_id: UUID, now: datetime) -> None:
+    """Offer a conversation's next turn to the worker that served the last, if it is free and
+    the speed gate would offer it the request (`sql.prefer_worker`), for WARM_WORKER_SECONDS."""
+    until = now + timedelta(seconds=settings.WARM_WORKER_SECONDS)
+    params = {**eligibility.params(now), "request": request.pk, "worker": worker_id, "until": until}
+    with connection.cursor() as cursor:
+        cursor.execute(sql.prefer_worker(), params)
+        if cursor.fetchone() is not None:
+            request.preferred_worker, request.preferred_until = worker_id, until
 
 
 def _spend(cursor, key: SharedKey, *, cost: Decimal, now: datetime) -> None:

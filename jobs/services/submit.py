@@ -11,7 +11,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from hordeops import clock, errors, metrics
-from jobs import claims, leases, relay, sql
+from jobs import affinity, claims, leases, relay, sql
 from jobs.models import Ending, Generation
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
 from jobs.services.posts import (
@@ -97,6 +97,8 @@ def _submit(
                 "id": generation.pk,
                 "now": now,
                 "text": text,
+                "turn_key": affinity.turn_key(text_request.account_id),
+                "turn_end": affinity.CHAT_TURN_END,
                 "result": state,
                 "seed": seed,
                 "gen_metadata": json.dumps(gen_metadata),
@@ -112,10 +114,20 @@ def _submit(
                 **settlement.params,
             },
         )
-        (accepted,) = cursor.fetchone()
+        accepted, turn_length, turn_digest = cursor.fetchone()
     if not accepted:
         raise refusal(generation_id=generation.pk)
     _suspect_speed(generation, tokens=tokens, now=now)
+    if text:
+        transaction.on_commit(
+            lambda: affinity.remember(
+                account_id=text_request.account_id,
+                length=turn_length,
+                digest=turn_digest,
+                worker_id=generation.worker_id,
+            ),
+            robust=True,
+        )
     if text_request.relayed:
         finish = "length" if tokens >= text_request.max_length else "stop"
         # robust: the result is accepted once committed, Redis or not; the answer says so.

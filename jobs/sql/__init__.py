@@ -43,6 +43,7 @@ from jobs.sql.queue import (
     SKIPPED_SCAN,
     claim,
     pop,
+    prefer_worker,
     queue_request,
     skipped,
 )
@@ -93,6 +94,7 @@ __all__ = [
     "expire_requests",
     "folded",
     "pop",
+    "prefer_worker",
     "queue_markers",
     "queue_request",
     "queued_between",

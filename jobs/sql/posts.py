@@ -12,6 +12,7 @@ from jobs.sql.names import (
     PROCESSING,
     REQUEST_DONE,
     REQUESTS,
+    TEXT,
     WORKERS,
 )
 from kudos.sql import draw_holds, post_event, release_holds
@@ -87,6 +88,16 @@ _STILL_ACTIVE = f"SELECT id AS request_id, %(cost)s::numeric AS charged FROM cou
 _ENDED = f"SELECT id AS request_id FROM counted WHERE state <> '{ACTIVE}'"
 
 
+# What the request's follow-up would begin with (`jobs.affinity.continued`): its prompt, the
+# result and, for a chat, the end of the turn; its length and keyed digest, read where the
+# prompt is, so that the submit reads no prompt.
+_CONVERSATION = f"t.prompt || %(text)s || CASE WHEN t.kind = '{TEXT}' THEN '' ELSE %(turn_end)s END"
+_TURN = (
+    f"length({_CONVERSATION}) AS turn_length,"
+    f" encode(sha256(%(turn_key)s::bytea || convert_to({_CONVERSATION}, 'UTF8')), 'hex') AS turn_digest"
+)
+
+
 @cache
 def accept() -> str:
     """A submit's result, in one statement: the compare-and-set on the generation (whichever of
@@ -94,7 +105,8 @@ def accept() -> str:
     and changes nothing), the request's count and cost, the worker's speed and the largest context
     it has served (`Worker.served_context`), the kudos event that settles the generation
     (`kudos.sql.post_event`, posted only if accepted), and the request's hold: drawn down by
-    the charge while it is active, released once it is not. Returns 1 if accepted."""
+    the charge while it is active, released once it is not. Returns 1 if accepted, and the
+    length and digest that the request's follow-up is known by (`_TURN`)."""
     return f"""
     WITH accepted AS (
         UPDATE {GENERATIONS} SET
@@ -111,7 +123,7 @@ def accept() -> str:
             state = CASE WHEN t.state = '{ACTIVE}' AND t.finished >= t.n - 1 AND t.queued = 0
                          THEN '{REQUEST_DONE}' ELSE t.state END
         FROM accepted AS a WHERE t.id = a.request_id
-        RETURNING t.id, t.state
+        RETURNING t.id, t.state, {_TURN}
     ),
     -- The speed is computed from the row itself, so concurrent submits by one worker both land.
     measured AS (
@@ -132,5 +144,5 @@ def accept() -> str:
     {release_holds(rows=_ENDED)},
     {post_event(guard="EXISTS (SELECT FROM accepted)")}
     -- Data-modifying WITH statements always run to completion, read or not.
-    SELECT count(*) FROM accepted
+    SELECT count(*), (SELECT turn_length FROM counted), (SELECT turn_digest FROM counted) FROM accepted
 """

@@ -6,15 +6,18 @@ from hordeops.rows import columns, insert_columns
 from jobs import eligibility
 from jobs.models import QUEUE_SHAPE, TextRequest
 from jobs.sql.names import (
+    ACCOUNTS,
     ACTIVE,
     GENERATIONS,
     PROCESSING,
     QUEUED_MODELS,
     REQUESTS,
     TEXT,
+    WORKERS,
     folded,
 )
 from kudos.sql import WALLETS, available, hold, post_event
+from workers.capacity import ONLINE_SQL
 
 # -- The pop ---------------------------------------------------------------------------------
 
@@ -227,4 +230,20 @@ def queue_request() -> str:
         {hold(rows="SELECT id AS request_id, account_id, kudos_reserved AS amount FROM queued")},
         {post_event(guard="EXISTS (SELECT FROM queued)")}
         SELECT (SELECT fair_rank FROM queued), a.active, a.available FROM admission AS a
+    """)
+
+
+@cache
+def prefer_worker() -> str:
+    """Offer request %(request)s to worker %(worker)s alone until %(until)s (`jobs.affinity`),
+    if the worker is online, has a thread free and would be offered the request now
+    (`eligibility.offer_sql`, the speed gate included); returns the request's id if so."""
+    busy = f"SELECT count(*) FROM {GENERATIONS} AS g WHERE g.worker_id = w.id AND g.state = '{PROCESSING}'"
+    return folded(f"""
+        UPDATE {REQUESTS} AS r SET preferred_worker = w.id, preferred_until = %(until)s
+        FROM {WORKERS} AS w JOIN {ACCOUNTS} AS wa ON wa.id = w.account_id
+        WHERE r.id = %(request)s AND w.id = %(worker)s AND r.state = '{ACTIVE}' AND r.queued > 0
+          AND {ONLINE_SQL.format(w="w")} AND ({busy}) < w.threads
+          AND {eligibility.offer_sql("r", "w", "wa")}
+        RETURNING r.id
     """)
