@@ -17,8 +17,18 @@ from hordeops.web_protocol import BoundedHeadProtocol
 
 STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
+# Whether uvicorn's server holds TERM and INT (`StoppingServer._serve`); before, the worker boots.
+_serving = False
+# Set in the master from a worker's creation until gunicorn forks it (`_block_stops_for_worker`).
+_worker_to_fork = False
+
 
 def _exit(signum: int, frame: FrameType | None) -> None:
+    if not _serving:
+        # Booting, nothing served: nothing to finish. A SystemExit raised wherever the stop lands
+        # was swallowed there (a finalizer, `__set_name__`, uvloop's setup): the worker then
+        # served on, every stop ignored, until the master's SIGKILL 30 s later.
+        os._exit(0)
     # On its way out, a worker ignores further stops: Python puts back the default (death by the
     # signal) for every signal it handles as it exits, and the master's SIGQUIT after Ctrl-C came then.
     for stop in STOPS:
@@ -32,6 +42,30 @@ def _quit(signum: int, frame: FrameType | None) -> None:
     # transport's callback or a request is logged there and swallowed: the worker ran on, every
     # stop ignored, until the master's SIGKILL.
     os._exit(0)
+
+
+def _block_stops_for_worker() -> None:
+    # Between the fork and the worker's own handlers a stop would reach the master's handlers,
+    # forked with it, and be lost: blocked, it waits for the worker's (`init_signals`).
+    if _worker_to_fork:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+
+
+def _unblock_stops_in_master() -> None:
+    global _worker_to_fork
+    if _worker_to_fork:
+        _worker_to_fork = False
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
+
+
+def _forked_worker() -> None:
+    global _worker_to_fork
+    _worker_to_fork = False  # its stops stay blocked until its handlers are set
+
+
+os.register_at_fork(
+    before=_block_stops_for_worker, after_in_parent=_unblock_stops_in_master, after_in_child=_forked_worker
+)
 
 
 def settle_gc() -> None:
@@ -56,6 +90,13 @@ class StoppingServer(Server):
     begins: the open chat streams are ended with their error event and their requests
     cancelled, instead of being held until gunicorn's graceful timeout kills them mid-reply."""
 
+    async def _serve(self, sockets: list[socket.socket] | None = None) -> None:
+        # Run inside uvicorn's `capture_signals`: a stop is now its graceful shutdown, after
+        # which it raises the stop again, against `_exit`, as the worker's way out.
+        global _serving
+        _serving = True
+        await super()._serve(sockets)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await run_stop_hooks()
         await super().shutdown(sockets=sockets)
@@ -76,6 +117,9 @@ class QuietUvicornWorker(UvicornWorker):
     Here it exits 0 at once (`os._exit`, which no code it interrupts can catch), and once a worker
     is exiting it ignores every stop signal.
 
+    A stop while the worker boots (before its server runs) exits 0 at once too: nothing is served
+    yet. Until the worker has set its handlers, from gunicorn's fork on, the stops wait blocked.
+
     Once the app is loaded, the process's garbage collector is settled (`settle_gc`). Its server
     runs the apps' stop hooks first when it stops (`StoppingServer`).
 
@@ -86,10 +130,16 @@ class QuietUvicornWorker(UvicornWorker):
 
     CONFIG_KWARGS = {"loop": "auto", "http": BoundedHeadProtocol}
 
+    def __init__(self, *args, **kwargs) -> None:
+        global _worker_to_fork
+        super().__init__(*args, **kwargs)
+        _worker_to_fork = True  # gunicorn makes it in the master and forks it next
+
     def init_signals(self) -> None:
         super().init_signals()
         for stop in STOPS:
             signal.signal(stop, _quit if stop == signal.SIGQUIT else _exit)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # a stop that came since the fork lands now
 
     def load_wsgi(self) -> None:
         super().load_wsgi()  # the app, and with it Django and its settings

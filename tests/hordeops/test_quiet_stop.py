@@ -15,12 +15,11 @@ from tests.live import database_url
 
 
 def _wait_for_workers_booted(master: int, count: int, timeout: float = 30) -> None:
-    """Until each of `master`'s `count` workers has set its own signal handlers.
+    """Until each of `master`'s `count` workers has set its own signal handlers, so that the stop
+    reaches booted workers (a stop while they boot: `test_a_stop_while_the_workers_boot_...`).
 
-    A signal that reaches a worker before it sets its handlers goes to the master's, which it was
-    forked with, and is lost; gunicorn kills the worker 30 s later. The heartbeat answering shows
-    only that one worker is up. A worker with its own handlers leaves SIGHUP to its default, which
-    the master catches.
+    The heartbeat answering shows only that one worker is up. A worker with its own handlers
+    leaves SIGHUP to its default, which the master catches.
     """
     deadline = time.monotonic() + timeout
     while True:
@@ -75,6 +74,19 @@ def test_a_quick_stop_while_requests_arrive_exits_0(settings):
     _stop_and_check(settings, quick_stop_under_load)
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c", "quick-stop"])
+@pytest.mark.parametrize("moment", ["fork", "finalizer"])
+def test_a_stop_while_the_workers_boot_exits_0_at_once(settings, moment, stop):
+    # The workers stop bin/web themselves (tests/hordeops/boot_stop_hooks.py). Before its own
+    # handlers, a worker took a stop with the master's and lost it; after them, the stop raised
+    # SystemExit wherever it landed, and in a finalizer that was swallowed with every later stop
+    # ignored. Either way the worker served on until the master's SIGKILL 30 s later.
+    hooks = ROOT / "tests" / "hordeops" / "boot_stop_hooks.py"
+    server = _start_web(settings, BOOT_STOP_AT=moment, BOOT_STOP=stop, GUNICORN_CMD_ARGS=f"--config {hooks}")
+    _check_stopped(server, timeout=15)
+
+
 def _heartbeats(port: int, stopped: threading.Event) -> None:
     """Heartbeats on keep-alive connections, opened again as often as they drop, until `stopped`."""
     while not stopped.is_set():
@@ -92,9 +104,22 @@ def _heartbeats(port: int, stopped: threading.Event) -> None:
 def _stop_and_check(settings, stop) -> None:
     """Start bin/web with 2 workers, stop it with `stop(server, port)`: it exits 0, logging nothing."""
     port = _free_port()
-    env = {**os.environ, "PORT": str(port), "WEB_WORKERS": "2", "DATABASE_URL": database_url(),
-           "REDIS_URL": settings.REDIS_URL}  # fmt: skip
-    server = subprocess.Popen(
+    server = _start_web(settings, PORT=str(port))
+    try:
+        heartbeat_connection(port).close()
+        _wait_for_workers_booted(server.pid, 2)
+        stop(server, port)
+    except BaseException:
+        _kill(server)
+        raise
+    _check_stopped(server, timeout=30)
+
+
+def _start_web(settings, **env: str) -> subprocess.Popen:
+    """bin/web with 2 workers, on a free port unless `env` names one."""
+    env = {**os.environ, "PORT": str(_free_port()), "WEB_WORKERS": "2", "DATABASE_URL": database_url(),
+           "REDIS_URL": settings.REDIS_URL, **env}  # fmt: skip
+    return subprocess.Popen(
         [str(ROOT / "bin" / "web")],
         env=env,
         cwd=ROOT,
@@ -102,14 +127,19 @@ def _stop_and_check(settings, stop) -> None:
         text=True,
         start_new_session=True,
     )
+
+
+def _check_stopped(server: subprocess.Popen, *, timeout: float) -> None:
+    """`server` exits 0 within `timeout` seconds, logging no error."""
     try:
-        heartbeat_connection(port).close()
-        _wait_for_workers_booted(server.pid, 2)
-        stop(server, port)
-        _, logged = server.communicate(timeout=30)
+        _, logged = server.communicate(timeout=timeout)
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        _kill(server)
     assert server.returncode == 0
-    assert "ERROR" not in logged and "was sent" not in logged, logged
+    assert "ERROR" not in logged and "was sent" not in logged and "Traceback" not in logged, logged
+
+
+def _kill(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
