@@ -10,13 +10,14 @@ pop pops again through `pop_generation`, so that the fair order and the speed ga
 for any pop; finding nothing (another worker was first), it waits on. A waiting pop holds no
 thread and no database connection: its pops run through `hordeops.asyncdb`.
 
-At the end of its wait a pop pops once more, and answers what that finds: an empty pop with a
-fresh `skipped`, or a job that became offerable by time alone (a fallback tier opening), which
-no message announces. Redis lost: every waiting pop pops at once and answers, and a pop that
-cannot join the channel answers its first, empty pop at once; the worker then polls as a plain
-pop does. A client that leaves ends its wait and is not popped for (checked before each pop);
-a job popped in the moment the client leaves is restarted by the stale pass when its lease
-lapses.
+At the end of its wait a pop answers its first, empty answer (its `skipped` and `messages` as
+they were when it arrived): the worker pops again at once, and that pop finds any job that
+became offerable by time alone (a fallback tier opening), which no message announces. A pop
+more at the end would double a waiting fleet's statements for nothing. Redis lost: every
+waiting pop answers at once, and a pop that cannot join the channel answers at once; the
+worker then polls as a plain pop does. A client that leaves ends its wait and is not popped
+for (checked before each pop); a job popped in the moment the client leaves is restarted by
+the stale pass when its lease lapses.
 """
 
 import asyncio
@@ -43,8 +44,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# The most a pop may wait (the pop body's `wait_seconds`), far inside WORKER_ONLINE_SECONDS:
-# the pop that ends the wait checks the worker in again.
+# The most a pop may wait (the pop body's `wait_seconds`): far inside WORKER_ONLINE_SECONDS, so
+# that a worker checked in by each pop stays online while it waits.
 MAX_WAIT_SECONDS = 30
 CHANNEL = "hordeops:pop-wake"
 HUB_CLIENT_NAME = "hordeops-pop-waits"
@@ -222,7 +223,7 @@ class _Hub:
                 bound -= 1
 
     def fail(self) -> None:
-        """Every waiting pop pops once more and answers; later pops use a new hub."""
+        """Every waiting pop answers now; later pops use a new hub."""
         if self.closed:
             return
         self._forget()
@@ -282,8 +283,8 @@ async def wait_for_job(
     client_gone: asyncio.Future,
 ) -> T | None | object:
     """Wait until `waiter` is woken, then `pop()` (on a database thread): its answer once it
-    holds a job, else wait on. At `ends` (time.monotonic()) pop once more and answer that.
-    None: the wait could not start (no Redis), answer the first pop. GONE: the client left
+    holds a job, else wait on, until `ends` (time.monotonic()). None: answer the first pop
+    (the wait ended, its hub failed, or it could not start). GONE: the client left
     (`client_gone` done) and nothing was popped for it. `since`: when the first pop began."""
     try:
         waits = hub()
@@ -304,7 +305,9 @@ async def wait_for_job(
                     woken.cancel()
             if client_gone.done():
                 return GONE
-            last = waiter.ended or time.monotonic() >= ends
+            if waiter.ended or not waiter.woken.is_set():
+                return None  # the wait's end, or its hub's: the first pop's answer stands
+            last = time.monotonic() >= ends
             # Cleared before the pop: a job queued while it runs, which it may not see, wakes it again.
             waiter.woken.clear()
             taken, answer = await asyncdb.run(pop)

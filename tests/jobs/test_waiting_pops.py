@@ -168,7 +168,7 @@ def test_a_waiting_pop_with_nothing_to_take_answers_the_empty_pop_at_its_end(req
     assert 0.6 <= took < 1.5, took
     assert status == 200
     assert answer["id"] is None and answer["ids"] == [] and answer["ttl"] is None
-    assert answer["skipped"] == {"models": 1}  # counted by the pop that ended the wait
+    assert answer["skipped"] == {"models": 1}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -262,6 +262,21 @@ def test_without_redis_a_waiting_pop_answers_its_empty_pop_at_once(requester, ow
     status, answer, took = run(scenario)
     assert status == 200 and answer["id"] is None
     assert took < 1, took
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_pop_answers_at_once_when_its_channel_is_lost(requester, owner):
+    async def scenario():
+        waiting = asyncio.create_task(timed_pop(pop_body("cut-off", wait=5), owner.api_key))
+        await asyncio.sleep(0.5)
+        lost = time.monotonic()
+        waits.hub().fail()  # as a lost connection to Redis does
+        status, answer, answered = await waiting
+        return status, answer, answered - lost
+
+    status, answer, after = run(scenario)
+    assert status == 200 and answer["id"] is None
+    assert after < 0.5, after
 
 
 @pytest.mark.django_db(transaction=True)
