@@ -6,6 +6,7 @@ import json
 import time
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -13,6 +14,7 @@ from django.db import connection
 from hordeops import asgi
 from jobs import services, waits
 from jobs.models import Generation, TextRequest
+from tests.live import Background
 
 POP = "/api/v2/generate/text/pop"
 
@@ -304,3 +306,50 @@ def test_a_wait_within_bounds_is_accepted_and_the_test_client_answers_at_once(ow
     # Only the ASGI handler waits; the test client (as WSGI would) gets the first, empty pop.
     answer = owner.pop("good-wait", wait_seconds=wait)
     assert answer.status_code == 200 and answer.json()["id"] is None
+
+
+# --- over HTTP, between two uvicorn processes (tests/live.py) -----------------------------------
+
+
+def live_pop(base_url: str, api_key: str, name: str, wait: float, timeout: float = 15):
+    answer = httpx.post(
+        f"{base_url}{POP}",
+        json=pop_body(name, wait=wait),
+        headers={"apikey": api_key},
+        timeout=httpx.Timeout(timeout, connect=5),
+    )
+    return answer, time.monotonic()
+
+
+def live_queue(base_url: str, api_key: str) -> float:
+    answer = httpx.post(
+        f"{base_url}/api/v2/generate/text/async",
+        json={"prompt": "Once upon a time", "models": ["m1"], "params": {"max_length": 80}},
+        headers={"apikey": api_key},
+        timeout=15,
+    )
+    assert answer.status_code == 202, answer.text
+    return time.monotonic()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pop_waiting_on_one_web_process_gets_a_job_queued_on_another(live_stack, requester, owner):
+    waiting_on, queued_on = live_stack.urls
+    waiting = Background(live_pop, waiting_on, owner.api_key, "live-waiter", 5)
+    time.sleep(1.0)
+    queued = live_queue(queued_on, requester.api_key)
+    answer, answered = waiting.result()
+    assert answer.status_code == 200 and answer.json()["id"] is not None
+    assert answered - queued < 0.1, answered - queued
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_hangs_up_while_its_pop_waits_is_popped_nothing(live_stack, requester, owner):
+    waiting_on, queued_on = live_stack.urls
+    with pytest.raises(httpx.ReadTimeout):
+        live_pop(waiting_on, owner.api_key, "hangs-up", 5, timeout=0.8)
+    time.sleep(0.3)  # the web process reads the disconnect
+    live_queue(queued_on, requester.api_key)
+    time.sleep(0.5)
+    assert not Generation.objects.exists()
+    assert TextRequest.objects.get().queued == 1
