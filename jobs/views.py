@@ -223,6 +223,9 @@ class TextPopView(APIView):
             # handler (WSGI, the test client) this empty answer goes at once.
             pop = functools.partial(_pop_again, api_key=api_key, declaration=declaration, address=address)
             ends = started + declaration.wait_seconds
+            header = deadlines.header_budget(request)
+            if isinstance(header, deadlines.Budget):  # a client's deadline ends the wait too
+                ends = min(ends, header.until)
             response.finish_on_loop = functools.partial(
                 _answer_waiting, response, declaration, pop, since=started, ends=ends
             )

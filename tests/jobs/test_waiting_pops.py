@@ -26,7 +26,9 @@ class Client:
         self.left = asyncio.Event()
         self.sent: list[dict] = []
 
-    async def post(self, path: str, body: dict, api_key: str) -> tuple[int | None, dict | None]:
+    async def post(
+        self, path: str, body: dict, api_key: str, headers: dict[str, str] | None = None
+    ) -> tuple[int | None, dict | None]:
         raw = json.dumps(body).encode()
         scope = {
             "type": "http",
@@ -43,6 +45,7 @@ class Client:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(raw)).encode()),
                 (b"apikey", api_key.encode()),
+                *((name.lower().encode(), value.encode()) for name, value in (headers or {}).items()),
             ],
             "client": ("127.0.0.1", 1234),
             "server": ("testserver", 80),
@@ -106,8 +109,8 @@ def run(scenario):
     return asyncio.run(whole())
 
 
-async def timed_pop(body: dict, api_key: str, client: Client | None = None):
-    status, answer = await (client or Client()).post(POP, body, api_key)
+async def timed_pop(body: dict, api_key: str, client: Client | None = None, headers=None):
+    status, answer = await (client or Client()).post(POP, body, api_key, headers)
     return status, answer, time.monotonic()
 
 
@@ -264,6 +267,21 @@ def test_without_redis_a_waiting_pop_answers_its_empty_pop_at_once(requester, ow
     status, answer, took = run(scenario)
     assert status == 200 and answer["id"] is None
     assert took < 1, took
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_pop_answers_by_its_requests_deadline_header(owner):
+    async def scenario():
+        started = time.monotonic()
+        deadline = {"X-MultiLLM-Deadline-Ms": "400"}
+        status, answer, answered = await timed_pop(
+            pop_body("hurried", wait=5), owner.api_key, headers=deadline
+        )
+        return status, answer, answered - started
+
+    status, answer, took = run(scenario)
+    assert status == 200 and answer["id"] is None
+    assert 0.3 <= took < 1.0, took
 
 
 @pytest.mark.django_db(transaction=True)
