@@ -1,7 +1,7 @@
 """What the horde costs a volunteer's stream: the same chats sent to the engine directly and
 through the horde (requester, relay, bridge, engine).
 
-Run:  .venv/bin/python bench/bridge.py [--streams 1,4,16] [--tokens 400] [--pop-interval 1]
+Run:  .venv/bin/python bench/bridge.py [--streams 1,4,16] [--tokens 400] [--pop-interval 1] [--pop-wait 20]
 
 (needs the engine: bin/engine-venv; about four minutes. The JSON goes to stdout, notes to stderr.)
 
@@ -276,6 +276,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,4,16", help="concurrent streams, comma separated")
     parser.add_argument("--tokens", type=int, default=400, help="tokens per reply")
     parser.add_argument("--pop-interval", type=float, default=1.0, help="the bridge's --pop_interval")
+    parser.add_argument("--pop-wait", type=float, default=20.0, help="the bridge's --pop_wait (0: it polls)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.streams.split(",")]
     if not ENGINE_PYTHON.exists():
@@ -306,7 +307,8 @@ def main() -> None:
         bridge = subprocess.Popen(
             [str(ROOT / ".venv" / "bin" / "hordeops-bridge"), "-u", stack_url, f"--api_key={owner}",
              "-n", f"bench-bridge-{port}", "--backend_url", proxy.url, "--threads", str(max(sizes)),
-             "--max_length", "2048", "--pop_interval", str(args.pop_interval)],
+             "--max_length", "2048", "--pop_interval", str(args.pop_interval),
+             "--pop_wait", str(args.pop_wait)],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         deadline = time.monotonic() + 60
@@ -331,6 +333,7 @@ def main() -> None:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "tokens": args.tokens,
             "pop_interval": args.pop_interval,
+            "pop_wait": args.pop_wait,
             "runs": results,
             "disconnect": disconnect(engine, stack_url, requester, proxy),
         }

@@ -1,7 +1,7 @@
 """1,000 idle workers polling every 2 s against 100,000 queued requests: what do their pops cost?
 
 Run:  .venv/bin/python bench/idle_fleet.py [--workers 1000] [--queued 100000] [--seconds 60]
-          [--poll-seconds 2] [--web-workers 2]
+          [--poll-seconds 2] [--web-workers 2] [--wait-seconds 20]
 
 (about two minutes; the JSON goes to stdout.)
 
@@ -11,9 +11,11 @@ serves, and a fleet of 100 workers that serves the 20, offline by the time the r
 Then the default stack's web app (gunicorn, --web-workers uvicorn workers, as `bin/stack`
 runs it) takes the pops of --workers simulated chat workers, all in one asyncio loop, each
 polling every --poll-seconds with a keep-alive connection and serving a model nobody asks
-for: every pop finds nothing, as a public horde's idle workers' do. Printed: the pops sent
-and answered, their latency (p50, p99), the CPU seconds per second of the web processes and
-of this database's PostgreSQL backends, and `python_loop_seconds` (the VM's speed that day).
+for: every pop finds nothing, as a public horde's idle workers' do (with --wait-seconds, each
+pop waits that long at the horde and the next follows at once: the pop p50 is then the wait).
+Printed: the pops sent and answered, their latency (p50, p99), the CPU seconds per second of
+the web processes and of this database's PostgreSQL backends, and `python_loop_seconds` (the
+VM's speed that day).
 """
 
 import argparse
@@ -76,18 +78,24 @@ def _backends() -> list[int]:
     return pids
 
 
-async def _worker(port: int, api_key: str, index: int, poll: float, stops: list, records: list) -> None:
+async def _worker(
+    port: int, api_key: str, index: int, poll: float, stops: list, records: list, wait: float = 0
+) -> None:
     """One idle worker: its own keep-alive connection; pops every `poll` seconds until the
-    last stop, recording into the phase it is in."""
-    body = json.dumps({"name": f"idle-{index}", "models": [f"idle-model-{index % 20}"], "chat": True,
-                       "max_length": 4096, "max_context_length": 8192}).encode()  # fmt: skip
+    last stop, recording into the phase it is in. With `wait`, each pop waits that long at the
+    horde (`wait_seconds`) and the next follows at once."""
+    declared = {"name": f"idle-{index}", "models": [f"idle-model-{index % 20}"], "chat": True,
+                "max_length": 4096, "max_context_length": 8192}  # fmt: skip
+    if wait:
+        declared["wait_seconds"] = wait
+    body = json.dumps(declared).encode()
     http = KeepAliveConnection("127.0.0.1", port, {"apikey": api_key})
     await asyncio.sleep(random.uniform(0, poll))  # spread over the poll interval
     while time.monotonic() < stops[-1]:
         phase = 0 if time.monotonic() < stops[0] else 1
         started = time.monotonic()
         try:
-            status, answer = await asyncio.wait_for(http.post("/api/v2/generate/text/pop", body), 30)
+            status, answer = await asyncio.wait_for(http.post("/api/v2/generate/text/pop", body), 30 + wait)
             ok = status == 200 and json.loads(answer).get("id") is None
             records[phase]["latencies" if ok else "failures"].append(
                 time.monotonic() - started if ok else status
@@ -105,7 +113,7 @@ async def _run(port: int, api_key: str, args, web_pid: int) -> dict:
     stops = [warm_until, warm_until + args.seconds]
     records = [{"latencies": [], "failures": []}, {"latencies": [], "failures": []}]
     polls = [
-        asyncio.create_task(_worker(port, api_key, i, args.poll_seconds, stops, records))
+        asyncio.create_task(_worker(port, api_key, i, args.poll_seconds, stops, records, args.wait_seconds))
         for i in range(args.workers)
     ]
     await asyncio.sleep(max(0.0, warm_until - time.monotonic()))
@@ -126,6 +134,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--poll-seconds", type=float, default=2)
     parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument(
+        "--wait-seconds", type=float, default=0, help="each pop waits this long for a job (the bridge's 20)"
+    )
     args = parser.parse_args()
 
     api_key = _prepare(args.queued)
@@ -144,6 +155,7 @@ def main() -> None:
                 "queued": args.queued,
                 "workers": args.workers,
                 "poll_seconds": args.poll_seconds,
+                "wait_seconds": args.wait_seconds,
                 "web_workers": args.web_workers,
                 "seconds": round(elapsed, 1),
                 "empty_pops": len(latencies),

@@ -156,6 +156,7 @@ def run(seconds: float, threads: int) -> dict:
                 nsfw=False,
                 chat=False,
                 bridge_agent="AI Horde Worker:1:bench",
+                wait_seconds=0,
             ),
         )
         if isinstance(popped, services.EmptyPop):

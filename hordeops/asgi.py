@@ -55,6 +55,11 @@ class HordeASGIHandler(ASGIHandler):
     paths (`API_PATHS`) skip what only pages use (`PAGE_ONLY_MIDDLEWARE`: sessions, CSRF,
     logins, messages): the API has none of them.
 
+    A sync view may leave the end of its answer to the event loop: a response with a
+    `finish_on_loop(receive)` coroutine function (a waiting pop, `jobs.views.TextPopView`) is
+    sent once that returns true, after the thread, its database connection and the
+    middleware are done with it; false means the client left, and nothing is sent.
+
     Async views (the chat relays) take Django's async path, but outside the per-request
     `ThreadSensitiveContext` that Django's `__call__` opens: that context gives each request
     a thread of its own, kept until its response ends, so every open stream would hold one.
@@ -181,6 +186,9 @@ class HordeASGIHandler(ASGIHandler):
             # thread does, so what Django keeps per context (the cache clients, and through
             # them the Redis client) is made once per thread, not once per request.
             response = await loop.run_in_executor(self._sync_threads, self._sync_response, scope, body_file)
+            finish = getattr(response, "finish_on_loop", None)
+            if finish is not None and not await finish(receive):
+                return  # the client left while its answer waited (a waiting pop)
             try:
                 await self.send_response(response, send)
             finally:

@@ -1,6 +1,7 @@
 """The horde family's shapes that the base serves itself (its error envelope and the heartbeat),
 and the strict input fields every app's horde routes validate with."""
 
+import math
 import uuid
 
 from django.conf import settings
@@ -245,6 +246,22 @@ def _check_for(field: fields.Field):
         hi = _MAX_QUICK_INT if field.max_value is None else min(field.max_value, _MAX_QUICK_INT)
 
         return _passing(lambda value: type(value) is int and lo <= value <= hi)
+    if kind is StrictFloatField:
+        _own_validators(field, _RANGE_VALIDATORS)
+        lo = -math.inf if field.min_value is None else field.min_value
+        hi = math.inf if field.max_value is None else field.max_value
+
+        def check_float(value):
+            # A huge int (float() overflows) or a non-finite float is left to DRF.
+            if type(value) is int and -_MAX_QUICK_INT <= value <= _MAX_QUICK_INT:
+                value = float(value)
+            elif type(value) is not float or not math.isfinite(value):
+                raise _Fallback
+            if not lo <= value <= hi:
+                raise _Fallback
+            return value
+
+        return check_float
     if kind is StrictBooleanField:
         _own_validators(field, ())
         return _passing(lambda value: type(value) is bool)

@@ -17,6 +17,7 @@ from hordeops.serializers import (  # noqa: F401  (the horde routes' error shape
     quick_validator,
 )
 from jobs import leases
+from jobs.waits import MAX_WAIT_SECONDS
 from workers.declaration import WorkerDeclaration
 
 _quick: dict[type, object] = {}  # HotInput class -> its one-pass check
@@ -210,6 +211,12 @@ class PopInput(HotInput):
     bridge_agent = StrictCharField(max_length=1000, default="unknown:0:unknown")
     amount = _int(1, 20, default=1)
     chat = StrictBooleanField(default=False)
+    wait_seconds = StrictFloatField(
+        min_value=0,
+        max_value=MAX_WAIT_SECONDS,
+        default=0,
+        help_text="Seconds the pop may wait for a job it can take before it answers empty; 0: none.",
+    )
 
     @staticmethod
     def built(valid: dict) -> WorkerDeclaration:

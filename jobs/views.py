@@ -1,5 +1,8 @@
 """The horde text routes: parse, call one service, shape the answer."""
 
+import asyncio
+import functools
+import time
 from typing import Any
 from uuid import UUID
 
@@ -10,16 +13,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from hordeops import clock, errors, ratelimit
+from hordeops import api, clock, errors, ratelimit
 from hordeops.parsing import MAX_DIGITS, ascii_int
 from hordeops.replica import replica_reads
 from hordeops.serializers import APIKEY, APIKEY_AUTH, COUNT, OBJECT_LIST, keyed_route
-from jobs import deadlines, discovery, services
+from jobs import deadlines, discovery, services, waits
 from jobs import serializers as s
 from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
 from workers import messages, modes, shared_keys
+from workers.declaration import WorkerDeclaration
 from workers.services import authenticate
 
 # 429: the rate limits, on every route but the worker routes (there: a bad key's only).
@@ -206,14 +210,79 @@ class TextPopView(APIView):
     @keyed_route("text_pop", body=s.PopInput, answer=s.PopOutput, refusals=ERRORS)
     def post(self, request: Request) -> Response:
         api_key, declaration = _worker_post(s.PopInput, request)
+        started = time.monotonic()
         now = clock.now()
-        job = services.pop_generation(
-            now=now, api_key=api_key, declaration=declaration, address=ratelimit.request_address(request)
-        )
+        address = ratelimit.request_address(request)
+        job = services.pop_generation(now=now, api_key=api_key, declaration=declaration, address=address)
         # Already in PopOutput's shape (the schema): rendered as is, without the serializer's
         # field-by-field copy on the hottest route. DRF's encoder writes UUIDs and UTC times
         # exactly as the serializer would.
-        return Response(_pop_answer(job, now, chat=declaration.chat))
+        response = Response(_pop_answer(job, now, chat=declaration.chat))
+        if declaration.wait_seconds and isinstance(job, services.EmptyPop) and job.may_wait:
+            # The ASGI handler finishes it on the event loop (`jobs.waits`); under any other
+            # handler (WSGI, the test client) this empty answer goes at once.
+            pop = functools.partial(_pop_again, api_key=api_key, declaration=declaration, address=address)
+            ends = started + declaration.wait_seconds
+            header = deadlines.header_budget(request)
+            if isinstance(header, deadlines.Budget):  # a client's deadline ends the wait too
+                ends = min(ends, header.until)
+            response.finish_on_loop = functools.partial(
+                _answer_waiting, response, declaration, pop, since=started, ends=ends, worker_id=job.worker_id
+            )
+        return response
+
+
+def _pop_again(*, api_key: str | None, declaration: WorkerDeclaration, address: str) -> tuple[bool, Response]:
+    """A waiting pop's next pop, on a database thread: whether it took a job, and its answer
+    (a refusal in the horde's shape). The lease starts now, at the answer."""
+    try:
+        now = clock.now()
+        job = services.pop_generation(now=now, api_key=api_key, declaration=declaration, address=address)
+    except Exception as exc:
+        refusal = api.horde_exception_handler(exc, {})
+        if refusal is None:
+            raise
+        return True, refusal
+    return isinstance(job, services.PoppedJob), Response(_pop_answer(job, now, chat=declaration.chat))
+
+
+async def _answer_waiting(
+    response: Response,
+    declaration: WorkerDeclaration,
+    pop,
+    receive,
+    *,
+    since: float,
+    ends: float,
+    worker_id: UUID | None,
+) -> bool:
+    """Wait for a job (`jobs.waits.wait_for_job`) and put what the last pop found in
+    `response`, whose headers the middleware has written. False: the client left."""
+    waiter = waits.Waiter(
+        models=frozenset(declaration.models),
+        chat=declaration.chat,
+        max_length=declaration.max_length,
+        max_context_length=declaration.max_context_length,
+        worker_id=str(worker_id or ""),
+    )
+    client_gone = asyncio.ensure_future(waits.client_left(receive))
+    try:
+        answer = await waits.wait_for_job(waiter, since=since, ends=ends, pop=pop, client_gone=client_gone)
+    finally:
+        client_gone.cancel()
+    if answer is waits.GONE:
+        return False
+    if answer is not None:
+        content = response.accepted_renderer.render(
+            answer.data, response.accepted_media_type, response.renderer_context
+        )
+        response.status_code = answer.status_code
+        for name, value in answer.items():
+            if name.lower() not in ("content-type", "content-length"):
+                response[name] = value
+        response.content = content
+        response["Content-Length"] = str(len(content))
+    return True
 
 
 class TextProgressView(APIView):

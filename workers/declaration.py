@@ -7,8 +7,9 @@ from dataclasses import dataclass
 class WorkerDeclaration:
     """A pop's body as validated (`jobs.serializers.PopInput`, the AI Horde's names): built
     once, then handed down whole to the pop and the check-in (`workers.checkin`). The check-in
-    writes all but `amount` on the worker's row (`sql.DECLARED`); `amount` is how many jobs
-    this pop asks for. No defaults: the body's are PopInput's."""
+    writes all but `amount` and `wait_seconds` on the worker's row (`sql.DECLARED`): they are
+    this pop's, how many jobs it asks for and how long it may wait. No defaults: the body's
+    are PopInput's."""
 
     name: str
     models: list[str]
@@ -19,3 +20,4 @@ class WorkerDeclaration:
     chat: bool
     bridge_agent: str
     amount: int
+    wait_seconds: float  # how long the pop may wait for a job (jobs.waits); 0: not at all

@@ -25,6 +25,11 @@ DEFAULT_BACKEND_URLS = {"openai": "http://127.0.0.1:8080", "kobold": "http://127
 # pop's own default, and llama-cpp-python's server's, which does not report its own.
 DEFAULT_MAX_LENGTH = 1024
 DEFAULT_MAX_CONTEXT_LENGTH = 2048
+# How long a pop waits at the horde for a job (`wait_seconds`), so that a job reaches the bridge
+# as it is queued rather than at the next pop; the horde waits 30 s at most. A horde that does
+# not wait (the AI Horde's) answers at once, and the bridge pops every `pop_interval`.
+DEFAULT_POP_WAIT = 20.0
+MAX_POP_WAIT = 30.0
 # The AI Horde worker's YAML names for ours.
 YAML_ALIASES = {"kai_url": "backend_url", "max_threads": "threads", "scribe_name": "worker_name"}
 
@@ -48,6 +53,7 @@ class Config:
     progress_tokens: int = 16
     progress_seconds: float = 0.25
     pop_interval: float = 1.0
+    pop_wait: float = DEFAULT_POP_WAIT
     maintenance_wait: float = 60.0
     grace_seconds: float = 30.0
     once: bool = False
@@ -96,7 +102,14 @@ OPTIONS = [
     Option(
         "progress_seconds", "HORDE_PROGRESS_SECONDS", kind=float, help="most seconds between posts (0.25)"
     ),
-    Option("pop_interval", "HORDE_POP_INTERVAL", kind=float, help="seconds between empty pops (1)"),
+    Option("pop_interval", "HORDE_POP_INTERVAL", kind=float, help="least seconds between empty pops (1)"),
+    Option(
+        "pop_wait",
+        "HORDE_POP_WAIT",
+        kind=float,
+        help=f"seconds a pop waits at the horde for a job ({DEFAULT_POP_WAIT:g}; 0: no wait, at most "
+        f"{MAX_POP_WAIT:g})",
+    ),
     Option(
         "maintenance_wait",
         "HORDE_MAINTENANCE_WAIT",
@@ -177,9 +190,11 @@ def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     for name in ("threads", "progress_tokens"):
         if values.get(name, 1) < 1:
             raise ConfigError(f"--{name} must be at least 1")
-    for name in ("max_length", "max_context_length", "grace_seconds", "pop_interval"):
+    for name in ("max_length", "max_context_length", "grace_seconds", "pop_interval", "pop_wait"):
         if values.get(name, 0) < 0:
             raise ConfigError(f"--{name} must not be negative")
+    if values.get("pop_wait", 0) > MAX_POP_WAIT:
+        raise ConfigError(f"--pop_wait must be at most {MAX_POP_WAIT:g}: the horde waits no longer")
     if 0 < values.get("max_context_length", 0) < values.get("max_length", 0):
         # As the horde refuses a request whose reply would not fit its context (TokenOverflow).
         raise ConfigError(

@@ -20,6 +20,9 @@ RETRIED_STATUSES = frozenset({502, 503, 504})
 # The goodbye is sent while the bridge stops, which a service manager waits for: a few seconds
 # of retries, not a minute; unsaid, the horde counts the worker online for its usual window.
 GOODBYE_RETRY_DELAYS = (0.5, 1, 2)
+# Seconds to connect, and to wait for an answer (a waiting pop's wait on top).
+CONNECT_SECONDS = 10.0
+READ_SECONDS = 30.0
 
 
 class HordeUnreachable(Exception):
@@ -59,7 +62,7 @@ class Horde:
         self.http = httpx.AsyncClient(
             base_url=url.rstrip("/") + "/api/v2/",
             headers={"apikey": api_key, "Client-Agent": agent},
-            timeout=httpx.Timeout(30.0, connect=10.0),
+            timeout=httpx.Timeout(READ_SECONDS, connect=CONNECT_SECONDS),
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
             transport=transport,
         )
@@ -68,13 +71,19 @@ class Horde:
         await self.http.aclose()
 
     async def post(
-        self, path: str, body: dict[str, Any], *, retry_delays: tuple[float, ...] | None = None
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        retry_delays: tuple[float, ...] | None = None,
+        timeout: httpx.Timeout | None = None,
     ) -> Answer:
         """POST `body`; on a network error or a 502/503/504, wait and send the same body again."""
         delays = self.retry_delays if retry_delays is None else retry_delays
+        extra = {} if timeout is None else {"timeout": timeout}
         for attempt, delay in enumerate((*delays, None), start=1):
             try:
-                response = await self.http.post(path, json=body)
+                response = await self.http.post(path, json=body, **extra)
             except httpx.TransportError as exc:
                 problem = type(exc).__name__
             else:
@@ -92,7 +101,10 @@ class Horde:
         raise AssertionError("unreachable")
 
     async def pop(self, body: dict[str, Any]) -> Answer:
-        answer = await self.post("generate/text/pop", body)
+        # A waiting pop answers after up to `wait_seconds`: the read waits that much longer.
+        wait = body.get("wait_seconds", 0)
+        timeout = httpx.Timeout(READ_SECONDS + wait, connect=CONNECT_SECONDS) if wait else None
+        answer = await self.post("generate/text/pop", body, timeout=timeout)
         if answer.status in (401, 403) and answer.rc != "WorkerMaintenance":
             raise Fatal(f"pop answered {answer.status} {answer.rc}: {answer.message}")
         return answer

@@ -174,6 +174,8 @@ class Bridge:
             "amount": 1,
             "chat": True,
             "bridge_agent": self.config.bridge_agent,
+            # Sent only when it waits: a pop without it is the AI Horde's own.
+            **({"wait_seconds": self.config.pop_wait} if self.config.pop_wait > 0 else {}),
         }
 
     async def _slot(self) -> None:
@@ -185,10 +187,12 @@ class Bridge:
             # the bridge stops first, never after the horde has refused the job.
             popped_at = time.monotonic()
             try:
-                answer = await self.horde.pop(self.pop_body())
+                answer = await self._pop()
             except HordeUnreachable as exc:
                 log.warning("pop not delivered (%s); trying again", exc)
                 continue
+            if answer is None:
+                break  # stopped while the pop waited: it was dropped, nothing was popped for it
             self._note_messages(answer.body.get("messages"))
             if answer.rc == "WorkerMaintenance":
                 log.warning(
@@ -201,11 +205,31 @@ class Bridge:
             if answer.status != 200:
                 raise Fatal(f"pop answered {answer.status} {answer.rc}: {answer.message}")
             if not answer.body.get("id"):
-                await self._wait_or_stop(self.config.pop_interval)
+                # A pop that waited at the horde is followed by the next at once; one that did
+                # not (the AI Horde, a horde without Redis) by the rest of `pop_interval`.
+                await self._wait_or_stop(self.config.pop_interval - (time.monotonic() - popped_at))
                 continue
             await self._serve(Job.from_pop(answer.body), popped_at)
             if self.config.once:
                 self.stopping.set()
+
+    async def _pop(self):
+        """The pop's answer, or None when the bridge stops while the pop waits: the request is
+        dropped, and the horde pops nothing for a client that left."""
+        pop = asyncio.ensure_future(self.horde.pop(self.pop_body()))
+        if not self.config.pop_wait:
+            return await pop
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({pop, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if pop.done():
+            return pop.result()
+        pop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pop
+        return None
 
     async def _serve(self, job: Job, popped_at: float) -> None:
         # Filled by the job as it goes: a job cancelled at the stop is logged with what it did.

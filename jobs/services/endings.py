@@ -16,7 +16,7 @@ from django.db.models import F
 from django_redis import get_redis_connection
 
 from hordeops import clock, errors
-from jobs import claims, leases, relay, sql
+from jobs import claims, leases, relay, sql, waits
 from jobs.models import Ending, Generation, TextRequest
 from jobs.services.settlement import settle
 from kudos import holds, ledger
@@ -277,6 +277,12 @@ class Restart(NamedTuple):
     state: str
     relayed: bool  # a requester follows it (`TextRequest.relayed`)
     ending: str
+    # What a worker needs to take its jobs back in the queue (`queued`): for waiting pops.
+    requested_models: list[str]
+    kind: str
+    max_length: int
+    max_context_length: int
+    queued: int
 
 
 def restart_requests(*, counts: Counter[UUID], after_commit: Ending) -> list[Restart]:
@@ -300,6 +306,19 @@ def relay_restarts(*, restarts: list[Restart], aborted: list[AbortedJob]) -> Non
     """Kill the aborted generations' leases and tell each waiting chat requester what happened:
     its job restarts, or its request faulted."""
     leases.kill([job.generation_id for job in aborted])
+    waits.publish(
+        [
+            waits.Offer(
+                models=tuple(restart.requested_models),
+                chat=restart.kind == TextRequest.Kind.CHAT,
+                max_length=restart.max_length,
+                max_context_length=restart.max_context_length,
+                jobs=restart.queued,
+            )
+            for restart in restarts
+            if restart.state == TextRequest.State.ACTIVE and restart.queued
+        ]
+    )
     chats = {restart.request_id: restart for restart in restarts if restart.relayed}
     events = []
     for job in aborted:

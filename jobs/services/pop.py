@@ -39,6 +39,7 @@ class EmptyPop:
 
     skipped: dict[str, int]
     worker_id: UUID | None = None  # whose pop it was: its messages go with the answer
+    may_wait: bool = True  # False: offered nothing whatever is queued (paused, flagged)
 
 
 class RecentSkips:
@@ -113,7 +114,7 @@ def pop_generation(
     if worker.paused or worker.account.flagged_at is not None:
         # A moderator paused it, or its account is flagged (`workers.suspicion`): offered
         # nothing, no claim tried.
-        return EmptyPop(skipped={}, worker_id=worker.pk)
+        return EmptyPop(skipped={}, worker_id=worker.pk, may_wait=False)
     trusted = worker.account.trusted
     cap = leases.cap_seconds(trusted=trusted)
     if worker.capacity_limited:

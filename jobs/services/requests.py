@@ -16,7 +16,7 @@ from django.db.models.functions import Least
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
-from jobs import admission, affinity, eligibility, spending, sql
+from jobs import admission, affinity, eligibility, spending, sql, waits
 from jobs.models import Generation, TextRequest
 from jobs.protocols.base import MAX_REPLY_TOKENS
 from jobs.status import eligible_workers
@@ -166,6 +166,7 @@ def create_text_request(
         max_length = min(max_length, tokens)
         fields.update(max_length=max_length, params={**params, "max_length": max_length}, slow_workers=True)
         request = _queue(account, now=now, deadline_at=deadline_at, shared_key=shared_key, **fields)
+    waits.publish_queued(request)
     warning = None if eligible_workers(request, now=now)["workers"] else NO_WORKER_WARNING
     return QueuedText(request=request, kudos=_whole(request.kudos_reserved), warning=warning)
 
@@ -336,7 +337,7 @@ def create_reply_request(
     else:  # a text job's worker, a legacy one too, reads its length from the params
         params = {**params, "max_length": max_length}
         fields = {"kind": TextRequest.Kind.TEXT, "followed": True, "params": params}
-    return _queue(
+    request = _queue(
         account,
         now=now,
         deadline_at=deadline_at,
@@ -350,6 +351,8 @@ def create_reply_request(
         shared_key=shared_key,
         **fields,
     )
+    waits.publish_queued(request)
+    return request
 
 
 def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:

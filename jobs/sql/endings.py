@@ -38,7 +38,8 @@ def cancel_generations() -> str:
 def restart_requests() -> str:
     """Give `added` aborted jobs back to each request (`ids`), or fault it: past `max`
     restarts, or at once, ending `after_commit`, if its stream was committed; a faulted
-    request's hold is released. Returns (id, state, relayed, ending)."""
+    request's hold is released. Returns (id, state, relayed, ending) and, for waiting pops,
+    what taking a job back in the queue needs (`jobs.waits.Offer`)."""
     fault = f"r.state = '{ACTIVE}' AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
     return f"""
         WITH restarted AS (
@@ -51,10 +52,12 @@ def restart_requests() -> str:
                             ELSE '{Ending.RESTARTS.value}' END
             FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
             WHERE r.id = v.id
-            RETURNING r.id, r.state, {RELAYED} AS relayed, r.ending
+            RETURNING r.id, r.state, {RELAYED} AS relayed, r.ending, r.requested_models, r.kind,
+                      r.max_length, r.max_context_length, r.queued
         ),
         {release_holds(rows=f"SELECT id AS request_id FROM restarted WHERE state = '{FAULTED}'")}
-        SELECT id, state, relayed, ending FROM restarted
+        SELECT id, state, relayed, ending, requested_models, kind, max_length, max_context_length, queued
+        FROM restarted
         """
 
 

@@ -27,6 +27,7 @@ POP = {
     "chat": False,
     "bridge_agent": "test:1:test",
     "amount": 1,
+    "wait_seconds": 0,
 }
 
 
