@@ -78,13 +78,13 @@ def pop_body(name: str, *, models=("m1",), wait: float | None = None, **extra) -
     return body
 
 
-def queue_text(account, model: str = "m1", n: int = 1) -> TextRequest:
+def queue_text(account, model: str = "m1", n: int = 1, prompt: str = "Once upon a time") -> TextRequest:
     """Queue a text request on a thread of its own, as another web process would."""
     try:
         return services.create_text_request(
             account=account,
             address="",
-            prompt="Once upon a time",
+            prompt=prompt,
             params={"n": n, "max_length": 80, "max_context_length": 1024},
             models=[model],
             workers=[],
@@ -376,26 +376,9 @@ def test_a_worker_that_hangs_up_while_its_pop_waits_is_popped_nothing(live_stack
 def _served_turn(requester, owner, prompt: str, reply: str) -> None:
     """The worker "warm" serves a turn of `prompt` (with `reply`), and is remembered for it."""
     assert owner.pop("warm").json()["id"] is None  # online
-    _queue_prompt(requester.account, prompt)
+    queue_text(requester.account, prompt=prompt)
     job = owner.pop("warm").json()["id"]
     assert owner.submit(job, reply).status_code == 200
-
-
-def _queue_prompt(account, prompt: str) -> TextRequest:
-    try:
-        return services.create_text_request(
-            account=account,
-            address="",
-            prompt=prompt,
-            params={"max_length": 80, "max_context_length": 1024},
-            models=["m1"],
-            workers=[],
-            trusted_workers=False,
-            slow_workers=True,
-            dry_run=False,
-        ).request
-    finally:
-        connection.close()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -411,7 +394,7 @@ def test_a_follow_up_wakes_its_warm_worker_though_others_waited_longer(requester
         warm = asyncio.create_task(timed_pop(pop_body("warm", wait=1.5), owner.api_key))
         await asyncio.sleep(0.3)
         request = await asyncio.to_thread(
-            _queue_prompt, requester.account, "Once upon a time there was a king. Then?"
+            queue_text, requester.account, prompt="Once upon a time there was a king. Then?"
         )
         queued = time.monotonic()
         _, answer, answered = await warm
@@ -436,7 +419,7 @@ def test_a_follow_up_its_warm_worker_does_not_take_wakes_the_others_when_its_win
         waiting = asyncio.create_task(timed_pop(pop_body("other", wait=5), owner.api_key))
         await asyncio.sleep(0.3)
         request = await asyncio.to_thread(
-            _queue_prompt, requester.account, "Once upon a time there was a king. Then?"
+            queue_text, requester.account, prompt="Once upon a time there was a king. Then?"
         )
         queued = time.monotonic()
         _, answer, answered = await waiting
