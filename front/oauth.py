@@ -105,7 +105,7 @@ def display_name(identity: SocialAccount) -> str:
 
 
 @never_cache
-@require_http_methods(["GET", "HEAD"])
+@require_http_methods(["GET"])  # not HEAD: a key made for an answer with no body would be lost
 def signed_in(request: HttpRequest) -> HttpResponse:
     """Where allauth's sign-in ends: the account of the identity, signed in on the account page."""
     user = request.user

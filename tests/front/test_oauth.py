@@ -175,3 +175,10 @@ def test_raid_mode_closes_the_pseudonymous_sign_up_but_offers_the_providers(clie
 def test_a_name_from_a_provider_keeps_to_the_sign_up_forms_rules(given, name):
     identity = SocialAccount(provider="oidc", uid="1", extra_data={"userinfo": {"preferred_username": given}})
     assert display_name(identity) == name
+
+
+def test_a_head_request_to_the_sign_ins_end_makes_nothing(client):
+    user = _identity()
+    client.force_login(user)
+    assert client.head("/account/oauth?then=register").status_code == 405
+    assert not Account.objects.filter(user=user).exists()
