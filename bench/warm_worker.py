@@ -6,12 +6,12 @@ Run:  .venv/bin/python bench/warm_worker.py [--conversations 4] [--turns 10] [--
 (needs the engine: bin/engine-venv; about ten minutes. The JSON goes to stdout, notes to stderr.)
 
 It starts llama.cpp's Python server twice on the tests' tiny model (512 wide, 6 blocks, a
-context of 4,096; one thread each), a proxy in front of each that notes which chats pass it, and
-then, for each setting, the stack as `bin/stack` runs it (database hordeops_bench_warm, Redis
-database 8) with one bridge per engine. Each conversation opens with a system message of about
---history tokens and goes on for --turns turns, one at a time (so the warm worker is free), each
-a streamed `/v1/chat/completions` of a short reply whose text the next turn sends back as the
-assistant's message, as a chat client does.
+context of 4,096; one thread each), a proxy in front of each that notes which chats pass it
+(`bench/bridge.py` `TimingProxy`), and then, for each setting, the stack as `bin/stack` runs it
+(database hordeops_bench_warm, Redis database 8) with one bridge per engine. Each conversation
+opens with a system message of about --history tokens and goes on for --turns turns, one at a
+time (so the warm worker is free), each a streamed `/v1/chat/completions` of a short reply whose
+text the next turn sends back as the assistant's message, as a chat client does.
 
 - `warm_share`: of the follow-up turns, the share served by the engine that served the turn before.
 - `ttft_ms`: time to first token of the follow-up turns, p50 and p90, as the requester sees it.
@@ -29,16 +29,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from bench.bridge import TimingProxy  # noqa: E402
 from bench.common import (  # noqa: E402
     bench_env,
     empty_redis,
@@ -61,57 +59,6 @@ EVALUATED = re.compile(r"remaining (\d+) prompt tokens to eval")
 
 def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-class Proxy:
-    """Passes requests to one engine, noting the last message of each chat that passed."""
-
-    def __init__(self, engine_url: str) -> None:
-        self.engine_url = engine_url
-        self.seen: set[str] = set()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                answer = httpx.get(proxy.engine_url + self.path, timeout=30)
-                self.send_response(answer.status_code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer.content)))
-                self.end_headers()
-                self.wfile.write(answer.content)
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                request = json.loads(body or b"{}")
-                proxy.seen.add(str((request.get("messages") or [{}])[-1].get("content")))
-                headers = {"Content-Type": "application/json"}
-                with httpx.stream("POST", proxy.engine_url + self.path, content=body, headers=headers,
-                                  timeout=None) as answer:  # fmt: skip
-                    self.send_response(answer.status_code)
-                    self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
-                    self.end_headers()  # HTTP/1.0: the answer ends when the connection closes
-                    try:
-                        for chunk in answer.iter_raw():
-                            self.wfile.write(chunk)
-                            self.wfile.flush()
-                    except (BrokenPipeError, ConnectionResetError):
-                        pass
-
-        return Handler
 
 
 def turn(client: httpx.Client, url: str, key: str, messages: list[dict]) -> tuple[float, str]:
@@ -149,7 +96,7 @@ def evaluated(engines: list[Engine]) -> int:
     return sum(int(n) for engine in engines for n in EVALUATED.findall(engine.output()))
 
 
-def run_setting(window: str, args, engines: list[Engine], proxies: list[Proxy], rundir: Path) -> dict:
+def run_setting(window: str, args, engines: list[Engine], proxies: list[TimingProxy], rundir: Path) -> dict:
     env = bench_env(
         DB_NAME, REDIS_DB, KEY_RATE_PER_SECOND="0", ADDRESS_RATE_PER_SECOND="0", WARM_WORKER_SECONDS=window
     )
@@ -195,7 +142,7 @@ def run_setting(window: str, args, engines: list[Engine], proxies: list[Proxy], 
                     messages.append({"role": "user", "content": question})
                     ttft, reply = turn(client, url, requester, messages)
                     messages.append({"role": "assistant", "content": reply})
-                    served = next(i for i, proxy in enumerate(proxies) if question in proxy.seen)
+                    served = next(i for i, proxy in enumerate(proxies) if question in proxy.passed)
                     if served_before is not None:
                         follow_ups += 1
                         warm += served == served_before
@@ -230,7 +177,7 @@ def main() -> None:
         rundir / f"{MODEL_FILE}.gguf", embedding=512, blocks=6, feed_forward=1536, context=4096
     )
     engines = [Engine(model, context=4096).start() for _ in range(2)]
-    proxies = [Proxy(engine.url) for engine in engines]
+    proxies = [TimingProxy(engine.url) for engine in engines]
     try:
         runs = [run_setting(window, args, engines, proxies, rundir) for window in ("2", "0")]
         print(json.dumps({
