@@ -17,11 +17,19 @@ For each N in --streams, N streamed `/v1/chat/completions` at once (each its own
 - `tokens_per_second`: all streams' tokens over the time from the first token to the last, each
   way, and `ratio` (horde over direct). `wall_tokens_per_second` counts from the requests' send,
   so it includes the wait for a pop.
-- `ttft_ms`: time to first token, p50 each way, and what the horde adds.
+- `ttft_ms`: time to first token, p50 each way, and what the horde adds; `phases_p50` where the
+  horde's first token waited: `to_bridge` from the send to the bridge's first call to the engine
+  (the chat queued, the waiting pop answered), `fit` the bridge counting the prompt's tokens,
+  `engine` from the bridge's chat call to its first token, `relay` from there to the requester
+  (the first progress post, the stream's commitment, the SSE write).
 - `delta_latency_ms`: for each piece the requester gets through the horde, the time from its last
   token passing the proxy to the piece reaching the requester (the post, the relay and the SSE
   write), p50 and p99; `from_first_token` the same from its first token, so it includes the
   bridge's coalescing (up to 16 tokens or 0.25 s).
+
+First `first_token`: --first-tokens short chats (8 tokens) one at a time, each sent directly and
+through the horde at a random moment 0.2-0.6 s after the last, the bridge idle in its waiting pop:
+what the horde adds to the first token, p50, p99 and max, and the phases' p50.
 
 Then `disconnect`: a requester reads part of a long stream through the horde and closes it; how
 long the engine went on generating after that: its last token through the proxy, and when its
@@ -34,6 +42,7 @@ import json
 import multiprocessing
 import os
 import platform
+import random
 import shutil
 import subprocess
 import sys
@@ -73,11 +82,16 @@ def note(message: str) -> None:
 
 class TimingProxy:
     """Passes requests to the engine; for each streamed chat, keyed by its last message, the
-    (time.time(), characters so far) of each token that passed."""
+    (time.time(), characters so far) of each token that passed, and when each POST arrived,
+    keyed by (path, its last message or the text it counts)."""
 
     def __init__(self, engine_url: str) -> None:
         self.engine_url = engine_url
         self.passed: dict[str, list[tuple[float, int]]] = {}
+        self.arrived: dict[tuple[str, str], list[float]] = {}
+        # One client for every pass-through: a client made per call costs tens of milliseconds
+        # (its TLS context), which would count as the horde's.
+        self.client = httpx.Client(timeout=None, limits=httpx.Limits(max_connections=64))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
@@ -87,6 +101,7 @@ class TimingProxy:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.client.close()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
@@ -103,21 +118,26 @@ class TimingProxy:
                 self.wfile.write(response.content)
 
             def do_GET(self) -> None:
-                self._reply(httpx.get(proxy.engine_url + self.path, timeout=30))
+                self._reply(proxy.client.get(proxy.engine_url + self.path, timeout=30))
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 request = json.loads(body or b"{}")
+                last = (request.get("messages") or [{}])[-1].get("content")
+                text = str(last or request.get("prompt") or request.get("content"))
+                proxy.arrived.setdefault((self.path, text), []).append(time.time())
                 if not request.get("stream"):
                     self._reply(
-                        httpx.post(proxy.engine_url + self.path, content=body, headers=JSON, timeout=60)
+                        proxy.client.post(
+                            proxy.engine_url + self.path, content=body, headers=JSON, timeout=60
+                        )
                     )
                     return
                 key = str((request.get("messages") or [{}])[-1].get("content") or request.get("prompt"))
                 passed = proxy.passed.setdefault(key, [])
                 characters = 0
                 url = proxy.engine_url + self.path
-                with httpx.stream("POST", url, content=body, headers=JSON, timeout=None) as answer:
+                with proxy.client.stream("POST", url, content=body, headers=JSON) as answer:
                     self.send_response(answer.status_code)
                     self.send_header("Content-Type", "text/event-stream")
                     self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
@@ -211,8 +231,11 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
     ttft_direct = percentile([s["pieces"][0][0] - s["sent"] for s in direct], 0.5)
     ttft_horde = percentile([s["pieces"][0][0] - s["sent"] for s in horde], 0.5)
     last_token, first_token = [], []
+    phases: dict[str, list[float]] = {"to_bridge": [], "fit": [], "engine": [], "relay": []}
     for index, stream in enumerate(horde):
         passed = proxy.passed[f"Story h{n} {index}."]
+        for name, value in _phases(proxy, f"Story h{n} {index}.", stream).items():
+            phases[name].append(value)
         before = 0
         for arrived, characters in stream["pieces"]:
             # The tokens that make up this piece: the first and the last that passed the proxy.
@@ -228,12 +251,52 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
         "wall_tokens_per_second": {"direct": round(direct_wall, 1), "horde": round(horde_wall, 1),
                                    "ratio": round(horde_wall / direct_wall, 3)},
         "ttft_ms": {"direct_p50": ms(ttft_direct), "horde_p50": ms(ttft_horde),
-                    "added_p50": ms(ttft_horde - ttft_direct)},
+                    "added_p50": ms(ttft_horde - ttft_direct),
+                    "phases_p50": {name: ms(percentile(values, 0.5)) for name, values in phases.items()}},
         "delta_latency_ms": {"p50": ms(percentile(last_token, 0.5)), "p99": ms(percentile(last_token, 0.99)),
                              "from_first_token_p50": ms(percentile(first_token, 0.5)),
                              "from_first_token_p99": ms(percentile(first_token, 0.99)),
                              "pieces": len(last_token)},
     }  # fmt: skip
+
+
+def first_tokens(count: int, engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
+    """`count` short chats one at a time, each sent directly and through the horde at a random
+    moment (the bridge idle in its waiting pop): the first token's added time, p50 and p99, and
+    where it went (p50 of each phase)."""
+    added: list[float] = []
+    phases: dict[str, list[float]] = {"to_bridge": [], "fit": [], "engine": [], "relay": []}
+    for index in range(count):
+        time.sleep(random.uniform(0.2, 0.6))
+        direct = asyncio.run(run_streams(f"{engine.url}/v1/chat/completions", 1, 8, {}, f"fd{index}"))[0]
+        time.sleep(random.uniform(0.2, 0.6))
+        headers = {"Authorization": f"Bearer {key}"}
+        horde = asyncio.run(run_streams(f"{stack_url}/v1/chat/completions", 1, 8, headers, f"fh{index}"))[0]
+        added.append((horde["pieces"][0][0] - horde["sent"]) - (direct["pieces"][0][0] - direct["sent"]))
+        for name, value in _phases(proxy, f"Story fh{index} 0.", horde).items():
+            phases[name].append(value)
+    return {
+        "requests": count,
+        "added_ms": {"p50": ms(percentile(added, 0.5)), "p99": ms(percentile(added, 0.99)),
+                     "max": ms(max(added))},
+        "phases_p50_ms": {name: ms(percentile(values, 0.5)) for name, values in phases.items()},
+    }  # fmt: skip
+
+
+def _phases(proxy: TimingProxy, content: str, stream: dict) -> dict[str, float]:
+    """Where one horde stream's first token waited: the request reaching the bridge (queued,
+    popped), the bridge counting the prompt, the engine, the first post and its relay."""
+    asked = proxy.arrived[("/v1/chat/completions", content)][0]
+    counted = [t for (path, text), times in proxy.arrived.items() if "tokenize" in path and text == content
+               for t in times]  # fmt: skip
+    reached = min(counted, default=asked)
+    first_passed = proxy.passed[content][0][0]
+    return {
+        "to_bridge": reached - stream["sent"],
+        "fit": asked - reached,
+        "engine": first_passed - asked,
+        "relay": stream["pieces"][0][0] - first_passed,
+    }
 
 
 def disconnect(engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
@@ -277,6 +340,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=400, help="tokens per reply")
     parser.add_argument("--pop-interval", type=float, default=1.0, help="the bridge's --pop_interval")
     parser.add_argument("--pop-wait", type=float, default=20.0, help="the bridge's --pop_wait (0: it polls)")
+    parser.add_argument("--first-tokens", type=int, default=20, help="short chats, one at a time")
     args = parser.parse_args()
     sizes = [int(size) for size in args.streams.split(",")]
     if not ENGINE_PYTHON.exists():
@@ -322,6 +386,8 @@ def main() -> None:
                 f"{stack_url}/v1/chat/completions", 1, 16, {"Authorization": f"Bearer {requester}"}, "w"
             )
         )
+        note(f"{args.first_tokens} first tokens")
+        first = first_tokens(args.first_tokens, engine, stack_url, requester, proxy)
         results = []
         for n in sizes:
             note(f"{n} streams")
@@ -334,6 +400,7 @@ def main() -> None:
             "tokens": args.tokens,
             "pop_interval": args.pop_interval,
             "pop_wait": args.pop_wait,
+            "first_token": first,
             "runs": results,
             "disconnect": disconnect(engine, stack_url, requester, proxy),
         }
