@@ -86,10 +86,17 @@ def turn(client: httpx.Client, url: str, key: str, messages: list[dict]) -> tupl
     return first - sent, reply
 
 
-def history(tokens: int, tag: str) -> str:
-    # About a token a word for this model's tokenizer, which spells out what it does not know.
+def history(tokens: int, tag: str, engine: Engine) -> str:
+    """A story of about `tokens` tokens as `engine` counts them. This model's tokenizer knows only
+    bytes, and spells each space as three: several tokens a word, not the horde's four characters
+    a token."""
     words = "the king asked the stranger a riddle about the sea and the moon".split()
-    return f"Story {tag}. " + " ".join(words[i % len(words)] for i in range(tokens))
+
+    def story(length: int) -> str:
+        return f"Story {tag}. " + " ".join(words[i % len(words)] for i in range(length))
+
+    counted = len(httpx.post(f"{engine.url}/extras/tokenize", json={"input": story(100)}).json()["tokens"])
+    return story(round(100 * tokens / counted))
 
 
 def evaluated(engines: list[Engine]) -> int:
@@ -135,7 +142,7 @@ def run_setting(window: str, args, engines: list[Engine], proxies: list[TimingPr
         with httpx.Client(timeout=300) as client:
             for conversation in range(args.conversations):
                 tag = f"{window}-{conversation}"
-                messages = [{"role": "system", "content": history(args.history, tag)}]
+                messages = [{"role": "system", "content": history(args.history, tag, engines[0])}]
                 served_before = None
                 for number in range(args.turns):
                     question = f"Turn {number} of {tag}: and then?"
