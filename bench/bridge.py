@@ -192,11 +192,15 @@ async def run_streams(url: str, n: int, tokens: int, headers: dict[str, str], ta
         )
 
 
+_requesters: list = []  # the one process the requesters run in, made at the first call
+
+
 def streams_apart(url: str, n: int, tokens: int, headers: dict[str, str], tag: str) -> list[dict]:
     """run_streams in a process of its own: in this one, the proxy's threads would hold the
-    requesters' event loop back and their wait would count as the horde's latency."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_run_streams, (url, n, tokens, headers, tag))
+    requesters' event loop back (the GIL) and their wait would count as the horde's latency."""
+    if not _requesters:
+        _requesters.append(multiprocessing.get_context("spawn").Pool(1))
+    return _requesters[0].apply(_run_streams, (url, n, tokens, headers, tag))
 
 
 def _run_streams(url: str, n: int, tokens: int, headers: dict[str, str], tag: str) -> list[dict]:
@@ -216,11 +220,9 @@ def rates(streams: list[dict], tokens: int) -> tuple[float, float]:
 
 
 def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
-    direct = asyncio.run(run_streams(f"{engine.url}/v1/chat/completions", n, tokens, {}, f"d{n}"))
-    horde = asyncio.run(
-        run_streams(
-            f"{stack_url}/v1/chat/completions", n, tokens, {"Authorization": f"Bearer {key}"}, f"h{n}"
-        )
+    direct = streams_apart(f"{engine.url}/v1/chat/completions", n, tokens, {}, f"d{n}")
+    horde = streams_apart(
+        f"{stack_url}/v1/chat/completions", n, tokens, {"Authorization": f"Bearer {key}"}, f"h{n}"
     )
     for way, streams in (("direct", direct), ("horde", horde)):
         bad = [s for s in streams if s["status"] != 200 or s["finish"] != "length"]
@@ -268,10 +270,10 @@ def first_tokens(count: int, engine: Engine, stack_url: str, key: str, proxy: Ti
     phases: dict[str, list[float]] = {"to_bridge": [], "fit": [], "engine": [], "relay": []}
     for index in range(count):
         time.sleep(random.uniform(0.2, 0.6))
-        direct = asyncio.run(run_streams(f"{engine.url}/v1/chat/completions", 1, 8, {}, f"fd{index}"))[0]
+        direct = (streams_apart(f"{engine.url}/v1/chat/completions", 1, 8, {}, f"fd{index}"))[0]
         time.sleep(random.uniform(0.2, 0.6))
         headers = {"Authorization": f"Bearer {key}"}
-        horde = asyncio.run(run_streams(f"{stack_url}/v1/chat/completions", 1, 8, headers, f"fh{index}"))[0]
+        horde = (streams_apart(f"{stack_url}/v1/chat/completions", 1, 8, headers, f"fh{index}"))[0]
         added.append((horde["pieces"][0][0] - horde["sent"]) - (direct["pieces"][0][0] - direct["sent"]))
         for name, value in _phases(proxy, f"Story fh{index} 0.", horde).items():
             phases[name].append(value)
@@ -380,11 +382,9 @@ def main() -> None:
             assert time.monotonic() < deadline and bridge.poll() is None, (rundir / "bridge.log").read_text()
             time.sleep(0.2)
         # One short stream each way first: the engine's and the stack's first calls are slow.
-        asyncio.run(run_streams(f"{engine.url}/v1/chat/completions", 1, 16, {}, "warm"))
-        asyncio.run(
-            run_streams(
-                f"{stack_url}/v1/chat/completions", 1, 16, {"Authorization": f"Bearer {requester}"}, "w"
-            )
+        (streams_apart(f"{engine.url}/v1/chat/completions", 1, 16, {}, "warm"))
+        streams_apart(
+            f"{stack_url}/v1/chat/completions", 1, 16, {"Authorization": f"Bearer {requester}"}, "w"
         )
         note(f"{args.first_tokens} first tokens")
         first = first_tokens(args.first_tokens, engine, stack_url, requester, proxy)
@@ -409,6 +409,8 @@ def main() -> None:
         note(f"--- the bridge's log ---\n{(rundir / 'bridge.log').read_text()[-3000:]}")
         raise
     finally:
+        for pool in _requesters:
+            pool.terminate()
         terminate([bridge] if bridge else [], timeout=40)
         proxy.stop()
         engine.stop()

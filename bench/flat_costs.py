@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.common import bench_env, percentile, python_loop_seconds, setup_django  # noqa: E402
+from bench.common import bench_env, percentile, python_loop_seconds, reset_tables, setup_django  # noqa: E402
 
 DB_NAME = "hordeops_bench_flat"
 os.environ.update(bench_env(DB_NAME, 13))
@@ -57,14 +57,11 @@ def fill_queue(queued: int, workers: int, now) -> None:
     """Empty the tables and fill them with one INSERT per table (generate_series)."""
     from django.db import connection
 
-    from jobs.models import Generation, TextRequest
+    from jobs.models import TextRequest
     from workers.models import Account, Worker, hash_api_key
 
     rng = random.Random(queued)
-    with connection.cursor() as cursor:
-        tables = ", ".join(m._meta.db_table for m in (Generation, TextRequest, Worker))
-        cursor.execute(f"TRUNCATE {tables} CASCADE")
-    Account.objects.exclude(name="Anonymous").delete()
+    reset_tables()  # the ledger too: an earlier run's requests left wallets
     owner = Account.objects.create(name="flat-owner", api_key_hash=hash_api_key("flat-owner"))
     requester = Account.objects.create(name="flat-requester", api_key_hash=hash_api_key("flat-req"))
     Worker.objects.bulk_create(
