@@ -107,10 +107,30 @@ LOGIT_BIAS_LIMIT = 100
 LOGIT_BIAS_MAX_TOKENS = 300
 
 
+LOGIT_BIAS_SCHEMA = {
+    "type": "object",
+    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT},
+    "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+    "maxProperties": LOGIT_BIAS_MAX_TOKENS,
+    "description": "token ids (decimal strings) to a bias from -100 to 100",
+}
+
+
+@extend_schema_field(LOGIT_BIAS_SCHEMA)
+class LogitBiasField(serializers.DictField):
+    """OpenAI's `logit_bias` (`check_logit_bias` checks its keys and size)."""
+
+
+@extend_schema_field({**LOGIT_BIAS_SCHEMA, "nullable": True})
+class NullableLogitBiasField(LogitBiasField):
+    """`logit_bias` where null is as if not sent (the /v1 routes')."""
+
+
 def logit_bias_field(*, allow_null: bool = False) -> serializers.DictField:
     """OpenAI's `logit_bias`: token ids (as the JSON object's keys) to a bias from -100 to 100."""
     bias = StrictFloatField(min_value=-LOGIT_BIAS_LIMIT, max_value=LOGIT_BIAS_LIMIT)
-    return serializers.DictField(child=bias, required=False, allow_null=allow_null)
+    kind = NullableLogitBiasField if allow_null else LogitBiasField
+    return kind(child=bias, required=False, allow_null=allow_null)
 
 
 def check_logit_bias(value: dict[str, float] | None) -> dict[str, float]:
