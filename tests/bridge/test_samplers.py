@@ -6,6 +6,8 @@ engine (tests/bridge/engine.py) has a byte vocabulary: token 3 + b is the byte b
 import httpx
 import pytest
 
+from hordeops_bridge.backends import backend_for
+from hordeops_bridge.job import Job, request_for
 from tests.bridge.conftest import MODEL
 from tests.bridge.test_serving import _horde_text
 
@@ -83,3 +85,35 @@ def test_the_ai_hordes_params_names_on_the_async_route_reach_the_engine(
         assert expected != greedy, params
         status = _horde_text(stack, accounts["requester"], PROMPT, max_length=TOKENS, **params)
         assert status["generations"][0]["text"] == expected, params
+
+
+# The payload's names as each backend's request names them (no server: the request's body).
+PAYLOAD = {
+    "prompt": "p", "max_length": 24, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+    "typical": 0.9, "rep_pen": 1.1, "frequency_penalty": 0.5, "presence_penalty": -0.5,
+    "logit_bias": {"7": -100}, "sampler_seed": 3, "stop_sequence": ["\n\n"],
+}  # fmt: skip
+
+
+def test_an_openai_compatible_server_is_sent_every_payload_sampler_under_its_own_name(caplog) -> None:
+    backend = backend_for("openai", "http://127.0.0.1:9")
+    job = Job(id="j", kind="text", model="m", payload=PAYLOAD)
+    body = backend.body(request_for(job), model="served")
+    assert {name: body.get(name) for name in ENGINE_NAMES} == ENGINE_NAMES
+    assert "cannot honour" not in caplog.text
+
+
+ENGINE_NAMES = {
+    "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "typical_p": 0.9,
+    "repeat_penalty": 1.1, "repetition_penalty": 1.1, "frequency_penalty": 0.5,
+    "presence_penalty": -0.5, "logit_bias": {"7": -100}, "seed": 3, "stop": ["\n\n"],
+}  # fmt: skip
+
+
+def test_koboldcpp_is_sent_the_payload_as_it_is_and_its_missing_knob_is_logged_once(caplog) -> None:
+    backend = backend_for("kobold", "http://127.0.0.1:9")
+    job = Job(id="j", kind="text", model="m", payload=PAYLOAD)
+    for _ in range(3):
+        body = backend.body(request_for(job), budget=1024, genkey="KCPPx")
+    assert (body["presence_penalty"], body["logit_bias"], body["typical"]) == (-0.5, {"7": -100}, 0.9)
+    assert caplog.text.count("cannot honour") == 1 and "cannot honour frequency_penalty" in caplog.text
