@@ -60,6 +60,7 @@ def _start(
         "account": account,
         "address": ratelimit.request_address(request),
         "model": call.model,
+        "fallbacks": call.models,
         "max_length": call.max_tokens,
         "max_length_field": call.max_tokens_field,
         "params": call.params,

@@ -24,6 +24,7 @@ class Output:
     kudos: float = 0.0
     finish_reason: str = "stop"
     ending: Ending = Ending.NONE  # why a failed request ended
+    model: str = ""  # the model that serves it, once known (a fallback's, maybe)
 
 
 class Follower:
@@ -67,6 +68,7 @@ class Follower:
                         tokens=int(event.fields.get("tokens", 0)),
                         kudos=float(event.fields.get("kudos", 0)),
                         finish_reason=event.fields.get("finish_reason", "stop"),
+                        model=event.fields.get("model", ""),
                     )
             elif event.type == relay.FAILED:
                 code = event.fields.get("code", "")
@@ -86,14 +88,14 @@ class Follower:
             ):
                 raise errors.UpstreamStreamInvalid()
             return None
-        committed = await asyncdb.run(
+        model = await asyncdb.run(
             services.commit_stream, request_id=self.request_id, generation_id=UUID(event.generation)
         )
-        if not committed:
+        if model is None:
             self._held.pop(event.generation, None)
             return None  # aborted meanwhile: its job is restarting
         self.generation = event.generation
-        return Output("delta", text="".join(self._held.pop(event.generation)))
+        return Output("delta", text="".join(self._held.pop(event.generation)), model=model)
 
     async def close(self) -> None:
         await self._events.aclose()

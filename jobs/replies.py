@@ -75,6 +75,8 @@ class Exchange:
             first = await anext(self._outputs)
             if first.kind == "failed":
                 raise failure(first.ending)
+            if first.model:  # the model that serves it, which may be one of its fallbacks
+                self.reply.model = first.model
         except errors.DomainError as err:
             return self.protocol.error_response(err)
         except errors.StreamStalled:

@@ -102,6 +102,52 @@ class SamplerOrderField(serializers.ListField):
     """The order of the 7 KoboldAI samplers: each once (`validate_sampler_order`)."""
 
 
+# OpenAI's bounds on a logit bias, and on how many tokens one request may bias.
+LOGIT_BIAS_LIMIT = 100
+LOGIT_BIAS_MAX_TOKENS = 300
+
+
+LOGIT_BIAS_SCHEMA = {
+    "type": "object",
+    "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT},
+    "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+    "maxProperties": LOGIT_BIAS_MAX_TOKENS,
+    "description": "token ids (decimal strings) to a bias from -100 to 100",
+}
+
+
+@extend_schema_field(LOGIT_BIAS_SCHEMA)
+class LogitBiasField(serializers.DictField):
+    """OpenAI's `logit_bias` (`check_logit_bias` checks its keys and size)."""
+
+
+@extend_schema_field({**LOGIT_BIAS_SCHEMA, "nullable": True})
+class NullableLogitBiasField(LogitBiasField):
+    """`logit_bias` where null is as if not sent (the /v1 routes')."""
+
+
+def logit_bias_field(*, allow_null: bool = False) -> serializers.DictField:
+    """OpenAI's `logit_bias`: token ids (as the JSON object's keys) to a bias from -100 to 100."""
+    bias = StrictFloatField(min_value=-LOGIT_BIAS_LIMIT, max_value=LOGIT_BIAS_LIMIT)
+    kind = NullableLogitBiasField if allow_null else LogitBiasField
+    return kind(child=bias, required=False, allow_null=allow_null)
+
+
+def check_logit_bias(value: dict[str, float] | None) -> dict[str, float]:
+    """Keys that are token ids (whole numbers from 0), at most LOGIT_BIAS_MAX_TOKENS of them;
+    the ids kept as the decimal strings JSON carries, as every server that takes a bias reads them."""
+    if not value:
+        return {}
+    if len(value) > LOGIT_BIAS_MAX_TOKENS:
+        raise serializers.ValidationError(f"logit_bias may bias at most {LOGIT_BIAS_MAX_TOKENS} tokens.")
+    bias = {}
+    for key, number in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 9):
+            raise serializers.ValidationError(f"logit_bias keys must be token ids, not {key[:32]!r}.")
+        bias[str(int(key))] = number
+    return bias
+
+
 class TextParamsInput(HotInput):
     """`params`: the AI Horde's KoboldAI sampling knobs with its ranges."""
 
@@ -118,6 +164,11 @@ class TextParamsInput(HotInput):
     top_p = _float(0.001, 1)
     typical = _float(0, 1)
     min_p = _float(0, 1)
+    # OpenAI's penalties and token biases: hordeops' own params (the AI Horde has none), passed to
+    # a bridge (a legacy worker's pop leaves them out: horde_sdk's strict mode refuses them).
+    frequency_penalty = _float(-2, 2)
+    presence_penalty = _float(-2, 2)
+    logit_bias = logit_bias_field()
     smoothing_factor = _float(0, 10)
     dynatemp_range = _float(0, 5)
     dynatemp_exponent = _float(0, 5)
@@ -141,6 +192,9 @@ class TextParamsInput(HotInput):
         if len(set(value)) < 7:
             raise serializers.ValidationError("sampler_order must list all 7 samplers.")
         return value
+
+    def validate_logit_bias(self, value: dict[str, float]) -> dict[str, float]:
+        return check_logit_bias(value)
 
     def validate_stop_sequence(self, value: list[str]) -> list[str]:
         if sum(len(item) for item in value) > 2000:

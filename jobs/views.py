@@ -146,6 +146,8 @@ class TextStatusView(APIView):
 # too, with `max_length` and `max_context_length`.
 PAYLOAD_DEFAULTS = {"min_p": 0.0, "smoothing_factor": 0.0, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0}
 EMPTY_PAYLOAD = {**PAYLOAD_DEFAULTS, "max_context_length": 2048, "max_length": 80}
+# hordeops' own sampling params (OpenAI's, which the AI Horde lacks): a chat worker's alone.
+CHAT_WORKER_PARAMS = ("frequency_penalty", "presence_penalty", "logit_bias")
 
 
 def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool) -> dict:
@@ -187,6 +189,8 @@ def _pop_answer(job: services.PoppedJob | services.EmptyPop, now, *, chat: bool)
         "extra_source_images": None,
     }
     if not chat:
+        for name in CHAT_WORKER_PARAMS:
+            payload.pop(name, None)
         return answer
     if text_request.kind == TextRequest.Kind.CHAT:
         payload["messages"] = text_request.messages

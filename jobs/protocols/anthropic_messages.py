@@ -16,9 +16,11 @@ from jobs.protocols.base import (
     Reply,
     TextContentField,
     Usage,
+    fallbacks_field,
     joined_text,
     sampling,
     sse,
+    top_k_field,
     validated,
 )
 from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
@@ -30,12 +32,14 @@ class AnthropicMessageInput(MessageInput):
 
 class AnthropicMessagesInput(serializers.Serializer):
     model = StrictCharField(max_length=255)
+    models = fallbacks_field()  # OpenRouter's fallbacks, as on the OpenAI routes
     max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS)
     messages = AnthropicMessageInput(many=True, allow_empty=False, max_length=MAX_MESSAGES)
     system = TextContentField(required=False, allow_null=True)
     stream = StrictBooleanField(default=False)
     temperature = StrictFloatField(min_value=0, max_value=1, required=False, allow_null=True)
     top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
+    top_k = top_k_field()
     stop_sequences = serializers.ListField(
         child=StrictCharField(allow_blank=False, trim_whitespace=False),
         max_length=MAX_STOP_SEQUENCES,
@@ -101,6 +105,7 @@ class AnthropicMessages(ChatProtocol):
             max_tokens=data["max_tokens"],
             stream=data["stream"],
             params=sampling(data, data.get("stop_sequences") or []),
+            models=tuple(data.get("models") or ()),
         )
 
     def error_body(self, err: errors.DomainError) -> dict[str, Any]:

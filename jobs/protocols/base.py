@@ -23,12 +23,21 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops import errors, metrics
+from jobs.serializers import (
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    check_logit_bias,
+    logit_bias_field,
+)
 
 MAX_REPLY_TOKENS = 16384
 MAX_MESSAGES = 1000
 # The horde's own bounds on `stop_sequence` (as on the text routes' `params`).
 MAX_STOP_SEQUENCES = 128
 MAX_STOP_SEQUENCE_CHARS = 2000
+# How many fallback models a request may list (OpenRouter's `models`).
+MAX_FALLBACK_MODELS = 8
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,7 @@ class ChatCall:
     params: dict[str, Any]
     prompt: str | None = None  # a text completion's prompt, in place of messages
     max_tokens_field: str = "max_tokens"  # the field the client set it in, for a refusal's `param`
+    models: tuple[str, ...] = ()  # OpenRouter's fallbacks: other models that may serve it, in order
 
 
 @dataclass
@@ -163,13 +173,59 @@ def validated(serializer: serializers.Serializer) -> dict[str, Any]:
     return serializer.validated_data
 
 
+def fallbacks_field() -> serializers.ListField:
+    """OpenRouter's `models`: the models that may serve the request if `model`'s workers cannot."""
+    return serializers.ListField(
+        child=StrictCharField(max_length=255),
+        max_length=MAX_FALLBACK_MODELS,
+        required=False,
+        allow_null=True,
+    )
+
+
+def top_k_field() -> StrictIntegerField:
+    """`top_k`, in the horde params' range (0: off)."""
+    return StrictIntegerField(min_value=0, max_value=200, required=False, allow_null=True)
+
+
+class SamplerInput(serializers.Serializer):
+    """The sampling knobs beyond temperature and top_p that OpenRouter takes in an OpenAI body,
+    in the horde params' ranges where the horde has the knob (`jobs.serializers.TextParamsInput`)."""
+
+    top_k = top_k_field()
+    min_p = StrictFloatField(min_value=0, max_value=1, required=False, allow_null=True)
+    typical_p = StrictFloatField(min_value=0, max_value=1, required=False, allow_null=True)
+    repetition_penalty = StrictFloatField(min_value=1, max_value=3, required=False, allow_null=True)
+    frequency_penalty = StrictFloatField(min_value=-2, max_value=2, required=False, allow_null=True)
+    presence_penalty = StrictFloatField(min_value=-2, max_value=2, required=False, allow_null=True)
+    logit_bias = logit_bias_field(allow_null=True)
+
+    def validate_logit_bias(self, value: dict[str, float] | None) -> dict[str, float]:
+        return check_logit_bias(value)
+
+
+# A client's sampler name -> the horde params' (the AI Horde's KoboldAI names where it has the
+# knob, OpenAI's where it has none), as the pop's payload carries them to the worker.
+HORDE_SAMPLERS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "typical_p": "typical",
+    "repetition_penalty": "rep_pen",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "logit_bias": "logit_bias",
+}
+
+
 def sampling(data: dict[str, Any], stops: list[str]) -> dict[str, Any]:
     """The horde `params` of a chat call: sampling knobs that were given, and stop strings."""
-    params: dict[str, Any] = {}
-    if data.get("temperature") is not None:
-        params["temperature"] = data["temperature"]
-    if data.get("top_p") is not None:
-        params["top_p"] = data["top_p"]
+    params: dict[str, Any] = {
+        horde: data[name]
+        for name, horde in HORDE_SAMPLERS.items()
+        if data.get(name) is not None and data[name] != {}
+    }
     if data.get("seed") is not None:
         params["sampler_seed"] = data["seed"]  # the horde params' name for it
     if stops:

@@ -13,7 +13,9 @@ from jobs.protocols.base import (
     ChatCall,
     MessageInput,
     Reply,
+    SamplerInput,
     Usage,
+    fallbacks_field,
     sampling,
     sse,
     stop_list,
@@ -37,11 +39,12 @@ class StopField(serializers.JSONField):
     """OpenAI's `stop`: a string or up to 4 strings (`stop_list`)."""
 
 
-class OpenAIInput(serializers.Serializer):
+class OpenAIInput(SamplerInput):
     """What OpenAI's Chat Completions and (legacy) Completions take alike: the model, the
-    stream, one choice, the sampling knobs and the stop strings."""
+    stream, one choice, the sampling knobs (OpenAI's and OpenRouter's) and the stop strings."""
 
     model = StrictCharField(max_length=255)
+    models = fallbacks_field()
     max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True)
     stream = StrictBooleanField(default=False)
     n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
@@ -76,6 +79,7 @@ class OpenAIChat(OpenAIErrors):
             max_tokens_field=field,
             stream=data["stream"],
             params=sampling(data, data.get("stop") or []),
+            models=tuple(data.get("models") or ()),
         )
 
     def _chunk(self, reply: Reply, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:

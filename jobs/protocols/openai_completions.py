@@ -76,6 +76,7 @@ class OpenAICompletions(OpenAIErrors):
             stream=data["stream"],
             params=sampling(data, data.get("stop") or []),
             prompt=data["prompt"],
+            models=tuple(data.get("models") or ()),
         )
 
     def _completion(self, reply: Reply, text: str, finish_reason: str | None) -> dict[str, Any]:

@@ -11,7 +11,9 @@ from jobs.protocols.base import (
     MAX_REPLY_TOKENS,
     ChatCall,
     Reply,
+    SamplerInput,
     Usage,
+    fallbacks_field,
     joined_text,
     sampling,
     sse,
@@ -89,8 +91,9 @@ class ResponsesInputField(serializers.Field):
         return [{"role": item["role"], "content": item["content"]} for item in items.validated_data]
 
 
-class ResponsesInput(serializers.Serializer):
+class ResponsesInput(SamplerInput):
     model = StrictCharField(max_length=255)
+    models = fallbacks_field()
     input = ResponsesInputField()
     instructions = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False)
     max_output_tokens = StrictIntegerField(
@@ -123,6 +126,7 @@ class OpenAIResponses(OpenAIErrors):
             max_tokens_field="max_output_tokens",
             stream=data["stream"],
             params=sampling(data, []),
+            models=tuple(data.get("models") or ()),
         )
 
     def reply_id(self, request_id: str) -> str:

@@ -55,39 +55,49 @@ class QueuedText:
 
 
 def _reply_length(
-    model: str, prompt: str, now: datetime, *, chat: bool, asked: int | None, field: str
-) -> int:
-    """The reply a /v1 request is queued for, decided by the online workers of its model (chat
+    models: list[str], prompt: str, now: datetime, *, chat: bool, asked: int | None, field: str
+) -> tuple[int, list[str]]:
+    """The reply a /v1 request is queued for, and which of its `models` (the model, then its
+    fallbacks, in the client's order) may serve it, decided by their online workers (chat
     workers for a chat, the ones `/v1/models` lists; any worker for a text completion).
 
-    No such worker: 404 `UnknownModel`. `asked` None (the client set no limit, which OpenAI
-    reads as "as much as the model gives"): the most one of them accepts with this prompt in
-    its context, within MAX_REPLY_TOKENS. An `asked` above every one's `max_length`: refused at
-    once, naming the most accepted, for it would only wait out its life. The workers are read
-    live, in the one statement the model's check needs anyway: a cached view could refuse a
-    request that a worker which just came online would take.
+    None of them has such a worker: 404 `UnknownModel`. `asked` None (the client set no limit,
+    which OpenAI reads as "as much as the model gives"): the most one worker of the first model
+    that has any accepts with this prompt in its context, within MAX_REPLY_TOKENS. An `asked`
+    above every one's `max_length`: refused at once, naming the most accepted, for it would
+    only wait out its life. A model whose workers all accept less than the reply is left out.
+    The workers are read live, in the one statement a model's check needs anyway: a cached
+    view could refuse a request that a worker which just came online would take.
     """
     online = Worker.objects.online_chat(now) if chat else Worker.objects.online(now)
     # The context a request needs, as `create_reply_request` counts it: its prompt and its reply.
     prompt_size = max(20, prompt_tokens(prompt))
-    limits = online.filter(served_models__overlap=[model]).aggregate(
-        longest=Max("max_length"), fitting=Max(Least("max_length", F("max_context_length") - prompt_size))
-    )
-    longest, fitting = limits["longest"], limits["fitting"]
-    if longest is None:
-        raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
+    served: list[tuple[str, int, int]] = []  # (model, longest reply, longest fitting this prompt)
+    for model in models:
+        limits = online.filter(served_models__overlap=[model]).aggregate(
+            longest=Max("max_length"), fitting=Max(Least("max_length", F("max_context_length") - prompt_size))
+        )
+        if limits["longest"] is not None:
+            served.append((model, limits["longest"], limits["fitting"]))
+    if not served:
+        names = ", ".join(model[:255] for model in models)
+        raise errors.UnknownModel(f"No online worker serves the model {names}.")
     if asked is None:
         # A prompt no worker's context holds gets the longest reply: its prompt, not its
         # length, keeps it waiting, and a shorter reply would not change that.
-        return min(fitting if fitting > 0 else longest, MAX_REPLY_TOKENS)
-    if asked > longest:
+        _, longest, fitting = served[0]
+        asked = min(fitting if fitting > 0 else longest, MAX_REPLY_TOKENS)
+    usable = [model for model, longest, _ in served if longest >= asked]
+    if not usable:
+        longest = max(longest for _, longest, _ in served)
+        names = ", ".join(model[:255] for model, _, _ in served)
         raise errors.ReplyTooLong(
-            f"{field} is too large: {asked}. The online workers of the model {model[:255]} accept "
+            f"{field} is too large: {asked}. The online workers of the model {names} accept "
             f"at most {longest} tokens of reply: ask for {longest} or fewer, or leave {field} out "
             "to get the most they accept.",
             param=field,
         )
-    return asked
+    return asked, usable
 
 
 def create_text_request(
@@ -313,6 +323,7 @@ def create_reply_request(
     now: datetime | None = None,
     max_length_field: str = "max_tokens",
     shared_key: SharedKey | None = None,
+    fallbacks: tuple[str, ...] = (),
 ) -> TextRequest:
     """Admit and queue one /v1 reply from `model`: a text completion of `prompt` when there is
     one (a text job any of its workers may take, a legacy worker too, followed by its requester
@@ -320,7 +331,11 @@ def create_reply_request(
     workers accept (`_reply_length`), within a `shared_key`'s cap; `max_length_field` names it
     as the client did. A shared key is refused spent or expired, or past its cap or budget, as
     on the horde's route (`create_text_request`), with no fallback: the /v1 protocols have no
-    allow_downgrade."""
+    allow_downgrade.
+
+    `fallbacks` (OpenRouter's `models`) are models that may serve it too: the request names
+    every one of `model` and its fallbacks that has an online worker able to give the reply,
+    in the client's order, and the first of them is preferred (`_prefer_model`)."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
     account, shared_key = shared_keys.spender(account, shared_key, now=now, allow_downgrade=False)
@@ -329,7 +344,10 @@ def create_reply_request(
     chat = prompt is None
     if chat:
         prompt = render_chat_prompt(messages or [])
-    max_length = _reply_length(model, prompt, now, chat=chat, asked=max_length, field=max_length_field)
+    choices = list(dict.fromkeys((model, *fallbacks)))
+    max_length, models = _reply_length(
+        choices, prompt, now, chat=chat, asked=max_length, field=max_length_field
+    )
     if shared_key is not None and shared_key.max_text_tokens != SharedKey.UNLIMITED:
         max_length = min(max_length, shared_key.max_text_tokens)
     if chat:
@@ -345,18 +363,34 @@ def create_reply_request(
         max_length=max_length,
         # The worker must hold the prompt and the whole reply in its context.
         max_context_length=max(20, prompt_tokens(prompt)) + max_length,
-        requested_models=[model],
+        requested_models=models,
         n=1,
         queued=1,
         shared_key=shared_key,
         **fields,
     )
+    if len(models) > 1 and request.preferred_worker is None:
+        _prefer_model(request, model=models[0], now=now)
     waits.publish_queued(request)
     return request
 
 
-def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:
-    """Commit the request's stream to one generation's output, if it is still running.
+def _prefer_model(request: TextRequest, *, model: str, now: datetime) -> None:
+    """Offer a request that several models may serve to a free worker of the first of them, for
+    WARM_WORKER_SECONDS (`sql.prefer_model_worker`): the workers of its fallbacks take it when
+    none is free, or once the window is over."""
+    until = now + timedelta(seconds=settings.WARM_WORKER_SECONDS)
+    params = {**eligibility.params(now), "request": request.pk, "model": model, "until": until}
+    with connection.cursor() as cursor:
+        cursor.execute(sql.prefer_model_worker(), params)
+        row = cursor.fetchone()
+    if row is not None:
+        request.preferred_worker, request.preferred_until = row[0], until
+
+
+def commit_stream(*, request_id: UUID, generation_id: UUID) -> str | None:
+    """Commit the request's stream to one generation's output, if it is still running; the
+    model that generation is served by, or None when nothing was committed.
 
     From here on an abort faults the request instead of restarting it. The generation row
     is locked first, in the order the stale pass and the submit lock (generation, then
@@ -367,11 +401,11 @@ def commit_stream(*, request_id: UUID, generation_id: UUID) -> bool:
         running = list(
             Generation.objects.select_for_update(no_key=True)
             .filter(pk=generation_id, request_id=request_id, state=Generation.State.PROCESSING)
-            .values_list("pk", flat=True)
+            .values_list("model", flat=True)
         )
         if not running:
-            return False
+            return None
         committed = TextRequest.objects.filter(
             pk=request_id, state=TextRequest.State.ACTIVE, stream_generation=None
         ).update(stream_generation=generation_id)
-    return committed == 1
+    return running[0] if committed == 1 else None

@@ -133,7 +133,13 @@ def _submit(
         # robust: the result is accepted once committed, Redis or not; the answer says so.
         transaction.on_commit(
             lambda: _relay_done(
-                text_request.pk, generation.pk, text=text, tokens=tokens, finish=finish, kudos=settlement.cost
+                text_request.pk,
+                generation.pk,
+                text=text,
+                tokens=tokens,
+                finish=finish,
+                kudos=settlement.cost,
+                model=generation.model,
             ),
             robust=True,
         )
@@ -160,11 +166,18 @@ def _suspect_speed(generation: Generation, *, tokens: int, now: datetime) -> Non
 
 
 def _relay_done(
-    request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str, kudos: Decimal
+    request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str, kudos: Decimal, model: str
 ) -> None:
     leases.kill([generation_id])
     relay.publish(
-        request_id, relay.DONE, generation_id, text=text, tokens=tokens, finish_reason=finish, kudos=kudos
+        request_id,
+        relay.DONE,
+        generation_id,
+        text=text,
+        tokens=tokens,
+        finish_reason=finish,
+        kudos=kudos,
+        model=model,  # the requester's answer names it: one of its fallbacks may have served
     )
 
 

@@ -233,17 +233,29 @@ def queue_request() -> str:
     """)
 
 
+def _prefer(worker: str, returning: str) -> str:
+    busy = f"SELECT count(*) FROM {GENERATIONS} AS g WHERE g.worker_id = w.id AND g.state = '{PROCESSING}'"
+    return folded(f"""
+        UPDATE {REQUESTS} AS r SET preferred_worker = w.id, preferred_until = %(until)s
+        FROM {WORKERS} AS w JOIN {ACCOUNTS} AS wa ON wa.id = w.account_id
+        WHERE r.id = %(request)s AND {worker} AND r.state = '{ACTIVE}' AND r.queued > 0
+          AND {ONLINE_SQL.format(w="w")} AND ({busy}) < w.threads
+          AND {eligibility.offer_sql("r", "w", "wa")}
+        RETURNING {returning}
+    """)
+
+
 @cache
 def prefer_worker() -> str:
     """Offer request %(request)s to worker %(worker)s alone until %(until)s (`jobs.affinity`),
     if the worker is online, has a thread free and would be offered the request now
     (`eligibility.offer_sql`, the speed gate included); returns the request's id if so."""
-    busy = f"SELECT count(*) FROM {GENERATIONS} AS g WHERE g.worker_id = w.id AND g.state = '{PROCESSING}'"
-    return folded(f"""
-        UPDATE {REQUESTS} AS r SET preferred_worker = w.id, preferred_until = %(until)s
-        FROM {WORKERS} AS w JOIN {ACCOUNTS} AS wa ON wa.id = w.account_id
-        WHERE r.id = %(request)s AND w.id = %(worker)s AND r.state = '{ACTIVE}' AND r.queued > 0
-          AND {ONLINE_SQL.format(w="w")} AND ({busy}) < w.threads
-          AND {eligibility.offer_sql("r", "w", "wa")}
-        RETURNING r.id
-    """)
+    return _prefer("w.id = %(worker)s", "r.id")
+
+
+@cache
+def prefer_model_worker() -> str:
+    """Offer request %(request)s alone until %(until)s to one worker of model %(model)s that
+    `prefer_worker` would take (the first of a `/v1` request's fallback models); returns that
+    worker's id, if there is one."""
+    return _prefer("w.served_models @> ARRAY[%(model)s]::varchar[]", "w.id")

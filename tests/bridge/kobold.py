@@ -27,6 +27,9 @@ KNOBS = {
     "typical": "typical_p",
     "rep_pen": "repeat_penalty",
     "sampler_seed": "seed",
+    # KoboldCpp's API reads these two of OpenAI's under OpenAI's names (not frequency_penalty).
+    "presence_penalty": "presence_penalty",
+    "logit_bias": "logit_bias",
 }
 
 

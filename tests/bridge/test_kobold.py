@@ -114,6 +114,24 @@ def test_a_horde_text_jobs_knobs_reach_the_kobold_api_as_sent(stack, engine, kob
     assert text and "###" not in text
 
 
+def test_openais_penalties_and_bias_reach_kobold_as_it_reads_them_and_the_rest_is_logged_once(
+    stack, engine, kobold, accounts, run_bridge
+):
+    bridge = _kobold_bridge(stack, kobold, accounts, run_bridge, "penalties-bridge")
+    knobs = {"temperature": 0, "presence_penalty": 1.5, "frequency_penalty": 0.5, "logit_bias": {"45": -100}}
+    headers = {"Authorization": f"Bearer {accounts['requester']}"}
+    for _ in range(2):
+        body = {"model": kobold.model, "prompt": "A penalty test", "max_tokens": 24, **knobs}
+        answer = httpx.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+    first, second = kobold.received
+    for sent in (first, second):
+        assert (sent["presence_penalty"], sent["logit_bias"]) == (1.5, {"45": -100})
+    # KoboldCpp has no frequency_penalty: said once in the bridge's run, not once a job.
+    bridge.wait_for(r"job \S+ \(text, .*\): submitted")
+    assert bridge.output().count("cannot honour frequency_penalty") == 1
+
+
 def test_a_delete_aborts_the_kobold_generation_by_its_genkey(stack, engine, kobold, accounts, run_bridge):
     bridge = _kobold_bridge(stack, kobold, accounts, run_bridge, "aborting-bridge", "--max_length", "1800")
     disconnects = engine.disconnects()

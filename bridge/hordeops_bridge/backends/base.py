@@ -46,6 +46,10 @@ NEUTRAL = {
     "typical": 1.0,
     "min_p": 0.0,
     "rep_pen": 1.0,
+    # OpenAI's penalties and token biases, which the horde carries under OpenAI's names.
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "logit_bias": {},
     "rep_pen_range": None,
     "rep_pen_slope": None,
     "smoothing_factor": 0.0,

@@ -22,8 +22,16 @@ class KoboldBackend(Backend):
 
     kind = "kobold"
     TOKENIZERS = ("/api/extra/tokencount",)
-    # The payload is KoboldAI's own: every knob goes as it came.
-    HONOURED = set(NEUTRAL) - {"frmtadsnsp", "frmtrmblln", "frmtrmspch", "frmttriminc", "singleline"}
+    # The payload is KoboldAI's own: every knob goes as it came. KoboldCpp also reads OpenAI's
+    # `presence_penalty` and `logit_bias` there, but no `frequency_penalty`.
+    HONOURED = set(NEUTRAL) - {
+        "frmtadsnsp",
+        "frmtrmblln",
+        "frmtrmspch",
+        "frmttriminc",
+        "singleline",
+        "frequency_penalty",
+    }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -24,7 +24,18 @@ class OpenAIBackend(Backend):
     TOKENIZERS = ("/tokenize", "/extras/tokenize")
     # Engines whose name `/v1/models` gives as `owned_by`, used as the model name's backend part.
     ENGINES = frozenset({"llamacpp", "vllm", "sglang", "tabbyapi", "aphrodite", "koboldcpp"})
-    HONOURED = {"temperature", "top_p", "top_k", "min_p", "typical", "rep_pen", "singleline"}
+    HONOURED = {
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "typical",
+        "rep_pen",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "singleline",
+    }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -83,6 +94,11 @@ class OpenAIBackend(Backend):
         if sampling.get("rep_pen") not in (None, 1.0):
             # vLLM, SGLang and TabbyAPI read the first, the llama.cpp servers the second.
             body["repetition_penalty"] = body["repeat_penalty"] = sampling["rep_pen"]
+        for name in ("frequency_penalty", "presence_penalty"):
+            if sampling.get(name):
+                body[name] = sampling[name]
+        if sampling.get("logit_bias"):
+            body["logit_bias"] = sampling["logit_bias"]  # token ids as strings, OpenAI's form
         stop = list(request.stop)
         if sampling.get("singleline") and "\n" not in stop:
             stop.append("\n")
