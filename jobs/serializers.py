@@ -110,7 +110,6 @@ LOGIT_BIAS_MAX_TOKENS = 300
 LOGIT_BIAS_SCHEMA = {
     "type": "object",
     "additionalProperties": {"type": "number", "minimum": -LOGIT_BIAS_LIMIT, "maximum": LOGIT_BIAS_LIMIT},
-    "propertyNames": {"pattern": "^[0-9]{1,9}$"},
     "maxProperties": LOGIT_BIAS_MAX_TOKENS,
     "description": "token ids (decimal strings) to a bias from -100 to 100",
 }
