@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from front import documents
 from hordeops import api
 from hordeops.views import HeartbeatView
 from jobs import chat, chat_models
@@ -12,6 +13,11 @@ urlpatterns = [
     path("api/v2/", include("workers.urls")),
     path("api/v2/", include("kudos.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
+    path("api/v2/status/news", documents.NewsView.as_view(), name="status-news"),
+    path("api/v2/documents/terms", documents.TermsView.as_view(), name="documents-terms"),
+    path("api/v2/documents/privacy", documents.PrivacyView.as_view(), name="documents-privacy"),
+    path("api/v2/documents/sponsors", documents.SponsorsView.as_view(), name="documents-sponsors"),
+    path(".well-known/serviceinfo", documents.serviceinfo, name="serviceinfo"),
     path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
     path("v1/completions", chat.completions, name="completions"),
     path("v1/responses", chat.responses, name="responses"),
