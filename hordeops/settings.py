@@ -165,6 +165,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from the static files: no CDN
     "django_prometheus",
     "corsheaders",
     "workers",
@@ -323,6 +324,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "A broker for crowdsourced text generation in the shape of the AI Horde.",
     "VERSION": "2.5.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The browsable docs at /api/ (hordeops/urls.py): Swagger UI from the static files, and no
+    # request to another host (its default validator is swagger.io's: a badge fetched from there).
+    # Not Redoc: drf-spectacular's page of it loads Google's fonts.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # A field that refuses "" says so (minLength 1), as the routes refuse it.
     "ENFORCE_NON_BLANK_FIELDS": True,
     "APPEND_COMPONENTS": {

@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from front import documents
 from hordeops import api
@@ -26,6 +26,8 @@ urlpatterns = [
     path("v1/models", chat_models.models, name="models"),
     path("v1/models/<path:model_id>", chat_models.model, name="model"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # The schema to read and try, where the AI Horde serves its own (Swagger UI).
+    path("api/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("django_prometheus.urls")),
     path("oauth/", include("front.oauth_urls")),
     path("", include("front.urls")),
