@@ -33,8 +33,11 @@ class NewspieceOutput(serializers.Serializer):
 
 
 class HordeDocumentOutput(serializers.Serializer):
-    html = serializers.CharField(required=False, help_text="The document in html format.")
-    markdown = serializers.CharField(required=False, help_text="The document in markdown format.")
+    # Empty until the operator writes it.
+    html = serializers.CharField(required=False, allow_blank=True, help_text="The document in html format.")
+    markdown = serializers.CharField(
+        required=False, allow_blank=True, help_text="The document in markdown format."
+    )
 
 
 class QueryFormat(BaseContentNegotiation):
