@@ -5,7 +5,7 @@ operator wrote in the admin (`front.models`); nothing written is an empty answer
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.negotiation import BaseContentNegotiation
@@ -130,7 +130,7 @@ class SponsorsView(DocumentView):
         return self.answer(request)
 
 
-@require_GET
+@require_safe
 def serviceinfo(request: HttpRequest) -> JsonResponse:
     """The AI Horde's `/.well-known/serviceinfo` (version 0.2): what this service is and where
     its API and the API's documentation are. The horde's own address is `HORDE_URL`, else the

@@ -136,6 +136,7 @@ def test_pages_on_any_origin_may_read_serviceinfo_and_the_documents(client):
 
 
 def test_serviceinfo_answers_only_a_read(client):
+    assert client.head("/.well-known/serviceinfo").status_code == 200
     assert client.post("/.well-known/serviceinfo").status_code == 405
 
 

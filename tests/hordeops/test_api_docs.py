@@ -26,6 +26,8 @@ def test_the_api_docs_page_loads_swagger_ui_from_this_hordes_static_files(client
 
 def test_the_api_docs_page_sits_beside_the_routes_that_share_its_prefix(client, db):
     assert client.get("/api/schema/").status_code == 200
+    # The AI Horde's serviceinfo names its docs `/api`: that finds them too.
+    assert client.get("/api")["Location"] == "/api/"
     assert client.get("/api/v2/status/news").json() == []
     missing = client.get("/api/v2/no-such-route")
     assert (missing.status_code, missing.json()["rc"]) == (404, "NotFound")
