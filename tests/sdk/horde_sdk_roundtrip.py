@@ -268,8 +268,6 @@ def _discover(
             apikey=worker_key, worker_id=mine[0].id_, maintenance=False, info="a roundtrip worker"
         ),
         ModifyWorkerResponse,
-        NewsRequest,
-        NewsResponse,
     )
     models = _send(client, HordeStatusModelsAllRequest(type="text"), HordeStatusModelsAllResponse)
     one = _send(client, HordeStatusModelsSingleRequest(model_name=model), HordeStatusModelsSingleResponse)
