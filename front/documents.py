@@ -6,7 +6,7 @@ operator wrote in the admin (`front.models`); nothing written is an empty answer
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_safe
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.request import Request
@@ -23,6 +23,8 @@ FORMATS = ("html", "markdown")
 LIMITED = {429: HordeErrorOutput}
 
 
+# Named in the schema as the AI Horde names them (horde/apis/models/v2.py).
+@extend_schema_serializer(component_name="Newspiece")
 class NewspieceOutput(serializers.Serializer):
     date_published = serializers.CharField(help_text="The date this newspiece was published (YYYY-MM-DD).")
     newspiece = serializers.CharField(help_text="The actual piece of news.")
@@ -32,6 +34,7 @@ class NewspieceOutput(serializers.Serializer):
     more_info_urls = serializers.ListField(child=serializers.CharField())
 
 
+@extend_schema_serializer(component_name="HordeDocument")
 class HordeDocumentOutput(serializers.Serializer):
     # Empty until the operator writes it.
     html = serializers.CharField(required=False, allow_blank=True, help_text="The document in html format.")
@@ -54,7 +57,7 @@ class NewsView(APIView):
     @extend_schema(
         operation_id="status_news",
         responses={200: NewspieceOutput(many=True), **LIMITED},
-        description="The horde's news, newest first, as its operator wrote it.",
+        description="The horde's news, newest first, as its moderators wrote it.",
     )
     def get(self, request: Request) -> Response:
         return Response(
