@@ -107,6 +107,12 @@ METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 1.0)
 # Where the home page's documentation link goes (the repository's README or docs/ as this horde
 # publishes them); empty: the page names them without a link.
 DOCS_URL = env_str("DOCS_URL", "")
+# What `/.well-known/serviceinfo` says this horde is (front/documents.py), as the AI Horde's
+# variables of the same names; HORDE_URL empty: the address each request came to.
+HORDE_TITLE = env_str("HORDE_TITLE", "hordeops")
+HORDE_URL = env_str("HORDE_URL", "").rstrip("/")
+HORDE_REPOSITORY = env_str("HORDE_REPOSITORY", "")
+HORDE_LOGO = env_str("HORDE_LOGO", "")
 
 # --- Django ----------------------------------------------------------------------------
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -159,6 +165,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from the static files: no CDN
     "django_prometheus",
     "corsheaders",
     "workers",
@@ -214,7 +221,7 @@ X_FRAME_OPTIONS = "DENY"
 # Browsers call the public APIs from pages on any origin, as they call the AI Horde's and hosted
 # OpenAI-compatible APIs: their keys travel in headers, never in cookies, so no credentials are
 # allowed. Never the admin, /metrics or the schema.
-CORS_URLS_REGEX = r"^/(api/v2|v1)/"
+CORS_URLS_REGEX = r"^/((api/v2|v1)/|\.well-known/serviceinfo$)"
 # The origins that may call them (comma-separated, as `https://host[:port]`); empty: any origin.
 CORS_ALLOWED_ORIGINS = env_list("CORS_ALLOWED_ORIGINS")
 CORS_ALLOW_ALL_ORIGINS = not CORS_ALLOWED_ORIGINS
@@ -317,6 +324,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "A broker for crowdsourced text generation in the shape of the AI Horde.",
     "VERSION": "2.5.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The browsable docs at /api/ (hordeops/urls.py): Swagger UI from the static files, and no
+    # request to another host (its default validator is swagger.io's: a badge fetched from there).
+    # Not Redoc: drf-spectacular's page of it loads Google's fonts.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # A field that refuses "" says so (minLength 1), as the routes refuse it.
     "ENFORCE_NON_BLANK_FIELDS": True,
     "APPEND_COMPONENTS": {

@@ -1,7 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from front import documents
 from hordeops import api
 from hordeops.views import HeartbeatView
 from jobs import chat, chat_models
@@ -12,6 +13,11 @@ urlpatterns = [
     path("api/v2/", include("workers.urls")),
     path("api/v2/", include("kudos.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),
+    path("api/v2/status/news", documents.NewsView.as_view(), name="status-news"),
+    path("api/v2/documents/terms", documents.TermsView.as_view(), name="documents-terms"),
+    path("api/v2/documents/privacy", documents.PrivacyView.as_view(), name="documents-privacy"),
+    path("api/v2/documents/sponsors", documents.SponsorsView.as_view(), name="documents-sponsors"),
+    path(".well-known/serviceinfo", documents.serviceinfo, name="serviceinfo"),
     path("v1/chat/completions", chat.chat_completions, name="chat-completions"),
     path("v1/completions", chat.completions, name="completions"),
     path("v1/responses", chat.responses, name="responses"),
@@ -20,6 +26,8 @@ urlpatterns = [
     path("v1/models", chat_models.models, name="models"),
     path("v1/models/<path:model_id>", chat_models.model, name="model"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # The schema to read and try, where the AI Horde serves its own (Swagger UI).
+    path("api/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("django_prometheus.urls")),
     path("oauth/", include("front.oauth_urls")),
     path("", include("front.urls")),

@@ -231,3 +231,38 @@ def test_horde_sdk_in_strict_mode_makes_uses_changes_and_deletes_a_shared_key(li
     # The SDK's modify sends the settings given, not its default expiry: that stays.
     assert seen["changed"] == {**seen["used"], "name": "sdk bot 2", "kudos": -1, "max_text_tokens": -1}
     assert (seen["deleted"], seen["after_delete"]) == ("OK", "InvalidAPIKey")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_reads_the_news_and_the_documents(live_server, tmp_path) -> None:
+    from datetime import date
+
+    from front.models import HordeDocument, Newspiece
+
+    Newspiece.objects.create(
+        date_published=date(2026, 12, 1),
+        title="Hello",
+        newspiece="A new horde.",
+        tags=["launch"],
+        more_info_urls=["https://example.org/launch"],
+    )
+    HordeDocument.objects.create(kind="terms", html="<p>Be kind.</p>", markdown="Be kind.")
+
+    seen = _run_script(f"{live_server.url}/api/", ["documents"], tmp_path, strict=True)
+
+    assert seen["news"] == [
+        {
+            "date_published": "2026-12-01",
+            "importance": "Information",
+            "newspiece": "A new horde.",
+            "tags": ["launch"],
+            "title": "Hello",
+            "more_info_urls": ["https://example.org/launch"],
+        }
+    ]
+    # Unwritten, a document is empty but still the SDK's HordeDocument; the SDK asks for html.
+    assert seen["documents"] == {
+        "terms": {"html": "<p>Be kind.</p>", "markdown": None},
+        "privacy": {"html": "", "markdown": None},
+        "sponsors": {"html": "", "markdown": None},
+    }

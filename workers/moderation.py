@@ -1,5 +1,5 @@
 """What the "Moderators" group may do: view everything of hordeops, change accounts and workers,
-keep the kudos model table, award kudos and delete shared keys.
+keep the kudos model table, award kudos, delete shared keys and write the horde's news.
 
 The admin narrows "change" to trust, the account deadline limit and maintenance. Used by the
 migration that creates the group (with the historical models) and by tests.
@@ -35,6 +35,13 @@ PERMISSIONS = (
     ("kudos", "change_textmodel"),
     ("kudos", "delete_textmodel"),
     ("kudos", "award_kudos"),
+    # The horde's news (`GET /api/v2/status/news`) is the moderators' to write; its documents
+    # (terms, privacy, sponsors) are the operator's, a superuser's: moderators read them.
+    ("front", "view_newspiece"),
+    ("front", "add_newspiece"),
+    ("front", "change_newspiece"),
+    ("front", "delete_newspiece"),
+    ("front", "view_hordedocument"),
 )
 
 

@@ -17,10 +17,10 @@ def test_the_home_page_says_what_this_horde_is(client):
 
 
 @pytest.mark.django_db
-def test_the_home_page_links_to_sign_up_the_account_page_the_docs_and_the_schema(client, settings):
+def test_the_home_page_links_to_sign_up_the_account_page_the_docs_and_the_api_docs(client, settings):
     settings.DOCS_URL = "https://docs.example/hordeops"
     page = client.get("/").content.decode()
-    for link in ("/register", "/account", "https://docs.example/hordeops", "/api/schema/"):
+    for link in ("/register", "/account", "https://docs.example/hordeops", "/api/", "/api/schema/"):
         assert f'href="{link}"' in page, link
 
 

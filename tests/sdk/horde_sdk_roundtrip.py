@@ -10,7 +10,8 @@ The keys and the model may instead come from HORDE_REQUESTER_KEY, HORDE_WORKER_K
 HORDE_MODEL. `... horde_sdk_roundtrip.py fleet FLEET_JSON` instead reads the details of workers and
 accounts the test made (`fleet`): every list and single form, public and privileged; and
 `... horde_sdk_roundtrip.py sharedkeys OWNER_KEY` makes, uses, reads, changes and deletes a
-shared key of that account's (`sharedkeys`).
+shared key of that account's (`sharedkeys`); `... horde_sdk_roundtrip.py documents` reads the news
+and the three documents (`documents`).
 AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
 
 Every request is an SDK request model sent with the SDK's synchronous manual client, and every
@@ -32,6 +33,8 @@ horde_sdk 0.33.3 quirks met here:
 - Unknown response keys are kept (`model_extra`) unless TESTS_ONGOING is set, which makes every
   model `extra="forbid"`: then hordeops' extra pop keys `kind` and `lease` fail to parse. The test
   unsets TESTS_ONGOING, AI_HORDE_DEV_URL and AI_HORDE_DEV_APIKEY for this script.
+- A document request's `format` is sent only when left at its default (html): set, it goes into
+  the body, and the client refuses a GET with a body ("GET requests cannot have a body!").
 - Pop responses: `skipped` must be an object (never null), `payload.top_k` may be at most 100 and
   `payload.max_length` at least 16; `id`/`ids` must be UUIDs.
 """
@@ -45,11 +48,15 @@ from typing import Any, TypeVar
 from horde_sdk.ai_horde_api import endpoints
 from horde_sdk.ai_horde_api.ai_horde_clients import AIHordeAPIManualClient, AIHordeAPISimpleClient
 from horde_sdk.ai_horde_api.apimodels import (
+    AIHordeGetPrivacyPolicyRequest,
+    AIHordeGetSponsorsRequest,
+    AIHordeGetTermsRequest,
     AllWorkersDetailsRequest,
     AllWorkersDetailsResponse,
     DeleteWorkerRequest,
     DeleteWorkerResponse,
     FindUserRequest,
+    HordeDocument,
     HordePerformanceRequest,
     HordePerformanceResponse,
     HordeStatusModelsAllRequest,
@@ -62,6 +69,8 @@ from horde_sdk.ai_horde_api.apimodels import (
     ModelGenerationInputKobold,
     ModifyWorkerRequest,
     ModifyWorkerResponse,
+    NewsRequest,
+    NewsResponse,
     SharedKeyCreateRequest,
     SharedKeyDeleteRequest,
     SharedKeyDeleteResponse,
@@ -400,6 +409,24 @@ def sharedkeys(owner: str) -> dict[str, Any]:
     }
 
 
+def documents() -> dict[str, Any]:
+    """The news and the terms, privacy policy and sponsors, each parsed by its SDK model."""
+    client = AIHordeAPIManualClient()
+    news = _send(client, NewsRequest(), NewsResponse)
+    read = {
+        name: _send(client, request, HordeDocument)
+        for name, request in (
+            ("terms", AIHordeGetTermsRequest()),
+            ("privacy", AIHordeGetPrivacyPolicyRequest()),
+            ("sponsors", AIHordeGetSponsorsRequest()),
+        )
+    }
+    return {
+        "news": [piece.model_dump() for piece in news],
+        "documents": {name: {"html": doc.html, "markdown": doc.markdown} for name, doc in read.items()},
+    }
+
+
 def main() -> int:
     try:
         base_url = os.environ.get("AI_HORDE_URL", "")
@@ -414,6 +441,8 @@ def main() -> int:
             result = fleet(json.loads(sys.argv[2]))
         elif sys.argv[1:2] == ["sharedkeys"]:
             result = sharedkeys(sys.argv[2])
+        elif sys.argv[1:2] == ["documents"]:
+            result = documents()
         else:
             result = run(
                 base_url, _arg(1, "HORDE_REQUESTER_KEY"), _arg(2, "HORDE_WORKER_KEY"), _arg(3, "HORDE_MODEL")
