@@ -282,3 +282,67 @@ def test_a_committed_choice_that_fails_ends_the_whole_stream_with_the_error_even
     assert (request.state, request.ending) == (TextRequest.State.FAULTED, Ending.GIVEN_BACK)
     assert request.kudos_spent > 0  # the choice that ended is charged; the hold is released
     assert not Hold.objects.filter(request_id=request.pk).exists()
+
+
+def test_a_deadline_covers_every_choice_and_cancels_the_ones_not_done(live_stack, accounts):
+    requester, owner = accounts
+    first, slow, _ = _workers(live_stack.urls[0], owner.api_key)
+
+    def serve() -> None:
+        first.pop_job()
+        assert first.submit("Red").status_code == 200  # one choice done in time
+        slow.pop_job()  # the other popped, and never finished
+
+    serving = Background(serve)
+    sdk = openai.OpenAI(
+        base_url=f"{live_stack.urls[0]}/v1",
+        api_key=requester.api_key,
+        max_retries=0,
+        timeout=WAIT_SECONDS,
+        default_headers={"X-MultiLLM-Deadline-Ms": "3000"},
+    )
+    with pytest.raises(openai.APIStatusError) as raised:
+        sdk.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, max_tokens=50)
+    serving.result()
+    assert (raised.value.status_code, raised.value.body["code"]) == (504, "generation_deadline_exceeded")
+    request = TextRequest.objects.get()
+    assert (request.state, request.ending) == (TextRequest.State.CANCELLED, Ending.DEADLINE)
+    states = sorted(g.state for g in request.generations.all())
+    assert states == [Generation.State.CANCELLED, Generation.State.DONE]
+    told = slow.progress("late")
+    assert (told.status_code, told.json()["rc"]) == (409, "GenerationCancelled")
+
+
+def test_a_text_completion_of_n_2_is_two_legacy_jobs_answered_as_two_choices(live_stack, accounts):
+    requester, owner = accounts
+    http = httpx.Client(base_url=live_stack.urls[0], headers={"apikey": owner.api_key}, timeout=WAIT_SECONDS)
+    pop = {"name": "scribe-like", "models": [MODEL], "max_length": 512, "max_context_length": 2048}
+    assert http.post("/api/v2/generate/text/pop", json=pop).json()["id"] is None  # checked in
+    replies = [" once.", " twice."]
+
+    def serve() -> list[dict]:
+        jobs = []
+        for reply in replies:
+            deadline = time.monotonic() + WAIT_SECONDS
+            while (job := http.post("/api/v2/generate/text/pop", json=pop).json())["id"] is None:
+                assert time.monotonic() < deadline, "no job came"
+                time.sleep(0.05)
+            assert "kind" not in job  # a legacy worker sees the AI Horde's shape
+            answer = http.post("/api/v2/generate/text/submit", json={"id": job["id"], "generation": reply})
+            assert answer.status_code == 200, answer.text
+            jobs.append(job)
+        return jobs
+
+    serving = Background(serve)
+    done = _sdk(live_stack.urls[0], requester.api_key).completions.create(
+        model=MODEL, prompt="It happened", max_tokens=40, n=2
+    )
+    jobs = serving.result()
+    assert len({job["id"] for job in jobs}) == 2
+    assert [(c.index, c.text, c.finish_reason) for c in done.choices] == [
+        (0, " once.", "stop"),
+        (1, " twice.", "stop"),
+    ]
+    request = TextRequest.objects.get(pk=done.id.removeprefix("cmpl-"))
+    assert (request.kind, request.n, request.state) == (TextRequest.Kind.TEXT, 2, TextRequest.State.DONE)
+    assert done.usage.completion_tokens == sum(g.tokens for g in request.generations.all())
