@@ -40,7 +40,7 @@ def restart_requests() -> str:
     restarts, or at once, ending `after_commit`, if one of the jobs' output had been committed
     to its stream (the generations' states are set before this runs); a faulted
     request's hold is released. Returns (id, state, relayed, ending) and, for waiting pops,
-    what taking a job back in the queue needs (`jobs.waits.Offer`)."""
+    what taking a job back in the queue needs (`jobs.waits.Offer`), then its `n`."""
     # A committed generation (`Generation.streamed`) among those just ended: its choice was
     # seen by its requester and cannot be served again. The others' choices can.
     committed = (
@@ -60,10 +60,10 @@ def restart_requests() -> str:
             FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
             WHERE r.id = v.id
             RETURNING r.id, r.state, {RELAYED} AS relayed, r.ending, r.requested_models, r.kind,
-                      r.max_length, r.max_context_length, r.queued
+                      r.max_length, r.max_context_length, r.queued, r.n
         ),
         {release_holds(rows=f"SELECT id AS request_id FROM restarted WHERE state = '{FAULTED}'")}
-        SELECT id, state, relayed, ending, requested_models, kind, max_length, max_context_length, queued
+        SELECT id, state, relayed, ending, requested_models, kind, max_length, max_context_length, queued, n
         FROM restarted
         """
 

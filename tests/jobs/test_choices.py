@@ -255,22 +255,23 @@ def test_a_choice_given_back_before_it_showed_output_is_served_by_another_pop(li
     assert contents == {0: "Red", 1: "Blue"}
 
 
-def test_a_committed_choice_that_fails_ends_the_whole_stream_with_the_error_event(live_stack, accounts):
+def test_a_committed_choice_that_fails_ends_the_whole_stream_and_cancels_the_others(live_stack, accounts):
     requester, owner = accounts
     url = live_stack.urls[0]
-    first, quitter, _ = _workers(url, owner.api_key)
+    first, quitter, third = _workers(url, owner.api_key)
     reading = Background(
         _events,
         url,
         requester.api_key,
-        {"model": MODEL, "messages": MESSAGES, "n": 2, "stream": True, "max_tokens": 50},
+        {"model": MODEL, "messages": MESSAGES, "n": 3, "stream": True, "max_tokens": 50},
     )
-    first.pop_job()
-    quitter.pop_job()
+    for worker in (first, quitter, third):
+        worker.pop_job()
     assert first.progress("Red").status_code == 200
     assert first.submit("Red").status_code == 200  # choice 0 ends well
-    assert quitter.progress("Bl").status_code == 200  # choice 1 is seen ...
-    _wait_for(lambda: Generation.objects.filter(streamed=True).count() == 2, "the second commitment")
+    assert third.progress("Gre").status_code == 200  # choice 1 is under way
+    assert quitter.progress("Bl").status_code == 200  # choice 2 is seen ...
+    _wait_for(lambda: Generation.objects.filter(streamed=True).count() == 3, "the three commitments")
     assert quitter.submit("", state="faulted").status_code == 200  # ... then given back
     events = reading.result()
     assert "[DONE]" not in events
@@ -280,6 +281,10 @@ def test_a_committed_choice_that_fails_ends_the_whole_stream_with_the_error_even
     assert [(c["index"], c["finish_reason"]) for c in ends] == [(0, "stop")]  # its end stays sent
     request = TextRequest.objects.get()
     assert (request.state, request.ending) == (TextRequest.State.FAULTED, Ending.GIVEN_BACK)
+    # The choice still running goes to no one: cancelled, and its worker told at its next post.
+    told = third.progress("en")
+    assert (told.status_code, told.json()["rc"]) == (409, "GenerationCancelled"), told.text
+    assert Generation.objects.get(pk=third.id).state == Generation.State.CANCELLED
     assert request.kudos_spent > 0  # the choice that ended is charged; the hold is released
     assert not Hold.objects.filter(request_id=request.pk).exists()
 
