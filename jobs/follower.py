@@ -55,11 +55,6 @@ class Follower:
         self._events: AsyncIterator[relay.Event] = relay_hub.events(request_id, on_stall)
         self._held: dict[str, list[str]] = {}  # output read before commitment, per generation
 
-    @property
-    def generation(self) -> str | None:
-        """The generation the stream was first committed to."""
-        return next(iter(self.choices), None)
-
     async def next_output(self) -> Output:
         async for event in self._events:
             if event.type == "delta":
