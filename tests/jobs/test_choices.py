@@ -50,6 +50,12 @@ def _wait_for(predicate, what: str) -> None:
         time.sleep(0.05)
 
 
+def _committed(count: int) -> None:
+    """Wait until `count` generations are committed to the stream: a choice's index is given
+    as the requester's follower reads its first output, which may lag the workers' posts."""
+    _wait_for(lambda: Generation.objects.filter(streamed=True).count() == count, f"{count} commitments")
+
+
 def _events(url: str, api_key: str, body: dict[str, Any]) -> list[Any]:
     """A raw SSE request: each `data:` payload, decoded ([DONE] as the string)."""
     headers = {"Authorization": f"Bearer {api_key}"}
@@ -133,6 +139,8 @@ def test_n_3_streamed_interleaves_the_choices_by_index_and_ends_each(live_stack,
     for step in range(3):  # a's first, b's first, c's first, a's second, ...
         for worker, deltas in zip(workers, parts, strict=True):
             assert worker.progress(deltas[step], tokens=step + 1).status_code == 200
+        if step == 0:
+            _committed(3)  # indexed in the order of their first posts
     # The second choice ends first: each choice ends on its own.
     for worker, deltas in zip(
         [workers[1], workers[0], workers[2]], [parts[1], parts[0], parts[2]], strict=True
@@ -239,11 +247,13 @@ def test_a_choice_given_back_before_it_showed_output_is_served_by_another_pop(li
     first.pop_job()
     quitter.pop_job()
     assert first.progress("Red").status_code == 200  # the stream has begun: choice 0 is committed
+    _committed(1)
     assert quitter.submit("", state="faulted").status_code == 200  # choice 1 showed nothing yet
     request = TextRequest.objects.get()
     assert (request.state, request.queued) == (TextRequest.State.ACTIVE, 1)  # not faulted: requeued
     spare.pop_job()
     assert spare.progress("Blue").status_code == 200
+    _committed(2)
     assert spare.submit("Blue").status_code == 200
     assert first.submit("Red").status_code == 200
     events = reading.result()
@@ -268,10 +278,11 @@ def test_a_committed_choice_that_fails_ends_the_whole_stream_and_cancels_the_oth
     for worker in (first, quitter, third):
         worker.pop_job()
     assert first.progress("Red").status_code == 200
+    _committed(1)
     assert first.submit("Red").status_code == 200  # choice 0 ends well
     assert third.progress("Gre").status_code == 200  # choice 1 is under way
     assert quitter.progress("Bl").status_code == 200  # choice 2 is seen ...
-    _wait_for(lambda: Generation.objects.filter(streamed=True).count() == 3, "the three commitments")
+    _committed(3)
     assert quitter.submit("", state="faulted").status_code == 200  # ... then given back
     events = reading.result()
     assert "[DONE]" not in events
