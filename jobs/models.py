@@ -97,8 +97,9 @@ class TextRequest(models.Model):
     ending = models.CharField(max_length=40, choices=Ending.choices, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
-    # The generation whose output was committed to a streaming requester. Once set, an
-    # abort faults the request instead of restarting it: there is no fallback after commit.
+    # The first generation whose output was committed to a streaming requester (of `n`, each
+    # is marked `Generation.streamed`); the abort of a committed one faults the request
+    # instead of restarting it: there is no fallback after commit.
     stream_generation = models.UUIDField(null=True, blank=True)
     # When the requester's generation deadline runs out (X-MultiLLM-Deadline-Ms), if it set one.
     deadline_at = models.DateTimeField(null=True, blank=True)
@@ -315,6 +316,10 @@ class Generation(models.Model):
     # The output relayed so far (UTF-8 bytes), copied from the lease by each post that relays:
     # a lease Redis lost is rebuilt from it, so the output bound does not restart with Redis.
     relayed_bytes = models.PositiveIntegerField(default=0, db_default=0)
+    # Its output was committed to a streaming requester as one of the request's choices
+    # (`jobs.services.requests.commit_stream`): its abort faults the request, for that choice
+    # cannot fall back to another worker once its requester has seen some of it.
+    streamed = models.BooleanField(default=False, db_default=False)
     # The speed gate at the pop: the worker's capacity then, and its tier for this job
     # (1 capable, 2 only within its own cap, 3 not even then). Tiers 2 and 3 are the
     # over-capacity assignments; the generation's state is their outcome.

@@ -6,11 +6,18 @@ the ending that stopped it: the requester went away, its deadline ran out, its s
 output, the relay was lost, or the web process is stopping. Nothing restarts a cancelled
 request. Before the stream commits, a failure is the answer's status; after, the protocol's
 error event, and the stream just ends.
+
+A request of `n` choices (OpenAI's `n`) is answered once all n are done: whole, their choices
+in index order; streamed, each choice's deltas as they come, interleaved, each choice ended by
+its own finish_reason, then one usage for all. A failure of the request before then (a
+committed choice's worker stopped, its deadline, a cancellation) fails the whole answer: the
+error answer, or, streamed, the error event after whatever was sent.
 """
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import aclosing
+from decimal import Decimal
 from typing import TypeVar
 
 import redis.exceptions
@@ -21,7 +28,7 @@ from jobs import cancellations, services
 from jobs.deadlines import Budget
 from jobs.follower import Follower, Output
 from jobs.models import Ending, TextRequest
-from jobs.protocols import ChatCall, ChatProtocol, Reply, Usage
+from jobs.protocols import ChatCall, ChatProtocol, Choice, Reply, Usage
 
 T = TypeVar("T")
 
@@ -63,10 +70,15 @@ class Exchange:
         self.protocol, self.request_id, self.budget = protocol, text_request.id, budget
         self.prompt_tokens = services.prompt_tokens(text_request.prompt)
         self.reply = Reply(
-            id=protocol.reply_id(str(text_request.id)), model=call.model, prompt_tokens=self.prompt_tokens
+            id=protocol.reply_id(str(text_request.id)),
+            model=call.model,
+            prompt_tokens=self.prompt_tokens,
+            n=call.n,
         )
         self.stall = streams.Stall()
-        self._outputs = self._follow(Follower(text_request.id, stream=call.stream, on_stall=self.stall.stall))
+        self._outputs = self._follow(
+            Follower(text_request.id, stream=call.stream, n=call.n, on_stall=self.stall.stall)
+        )
 
     async def answer(self, stream: bool) -> HttpResponse:
         """Wait for the first output, then answer whole or as a stream. A failure before
@@ -77,6 +89,11 @@ class Exchange:
                 raise failure(first.ending)
             if first.model:  # the model that serves it, which may be one of its fallbacks
                 self.reply.model = first.model
+            done = [first]
+            while not stream and not done[-1].final:  # whole: every choice's
+                done.append(await anext(self._outputs))
+                if done[-1].kind == "failed":
+                    raise failure(done[-1].ending)
         except errors.DomainError as err:
             return self.protocol.error_response(err)
         except errors.StreamStalled:
@@ -84,8 +101,12 @@ class Exchange:
             return self.protocol.error_response(failure(Ending.CANCELLED))
         if not stream:
             await self._outputs.aclose()
-            usage = Usage(self.prompt_tokens, first.tokens, first.kudos)
-            return JsonResponse(self.protocol.response(self.reply, first.text, first.finish_reason, usage))
+            usage = self._usage(done)
+            if self.reply.n == 1:
+                whole = self.protocol.response(self.reply, first.text, first.finish_reason, usage)
+                return JsonResponse(whole)
+            choices = [Choice(o.text, o.finish_reason) for o in sorted(done, key=lambda o: o.index)]
+            return JsonResponse(self.protocol.response_choices(self.reply, choices, usage))
         response = StreamingHttpResponse(self._events(first), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
@@ -93,8 +114,9 @@ class Exchange:
         return response
 
     async def _follow(self, follower: Follower) -> AsyncIterator[Output]:
-        """Each output for the requester: the deltas (streamed), then one done or failed, which
-        comes after the follower is closed. Raises the error that ends the request instead."""
+        """Each output for the requester: the deltas (streamed) and each choice's done, until the
+        final one (the last done, or a failed), which comes after the follower is closed. Raises
+        the error that ends the request instead."""
         ending: Ending | None = Ending.CANCELLED  # stopped early: the requester went away
         database_lost = False
         try:
@@ -117,7 +139,7 @@ class Exchange:
                     # Nobody would read the job's output: it is cancelled, not served after recovery.
                     ending = Ending.UNAVAILABLE
                     raise errors.ServiceUnavailable(RELAY_LOST) from None
-                if output.kind != "delta":
+                if output.final:
                     ending = None
                     break
                 yield output
@@ -127,34 +149,52 @@ class Exchange:
                 await cancellations.cancel(self.request_id, ending, database_lost=database_lost)
         yield output
 
+    def _usage(self, done: list[Output]) -> Usage:
+        """The usage of the done choices together: the prompt once, their tokens and kudos summed."""
+        kudos = sum((Decimal(str(o.kudos)) for o in done), Decimal(0))
+        return Usage(self.prompt_tokens, sum(o.tokens for o in done), float(kudos))
+
     async def _events(self, output: Output) -> AsyncIterator[str]:
-        """The stream: its start, each delta as it comes, then its end or error event."""
+        """The stream: its start, each delta as it comes (of any choice), each choice's end,
+        then the stream's end; or an error event, after which the stream just ends."""
         async with aclosing(self._outputs) as outputs:
             for chunk in self.protocol.stream_start(self.reply):
                 yield chunk
-            streamed: list[str] = []
-            while output.kind == "delta":
-                streamed.append(output.text)
-                for chunk in self.protocol.stream_delta(self.reply, output.text):
-                    yield chunk
+            streamed: dict[int, list[str]] = {}
+            done: list[Output] = []
+            while True:
+                if output.kind == "delta":
+                    streamed.setdefault(output.index, []).append(output.text)
+                    for chunk in self.protocol.stream_delta(self.reply, output.text, output.index):
+                        yield chunk
+                elif output.kind == "done":
+                    done.append(output)
+                    for chunk in self._choice_end(output, streamed="".join(streamed.get(output.index, ()))):
+                        yield chunk
+                else:
+                    for chunk in self.protocol.stream_error(self.reply, failure(output.ending)):
+                        yield chunk
+                    return
+                if output.final:
+                    break
                 try:
                     output = await anext(outputs)
                 except (errors.GenerationDeadlineExceeded, errors.ServiceUnavailable) as err:
                     for chunk in self.protocol.stream_error(self.reply, err):
                         yield chunk
                     return
-            for chunk in self._ending(output, streamed="".join(streamed)):
+            if self.reply.n == 1:  # one choice's end is the stream's, its usage with it
+                end = self.protocol.stream_end(self.reply, output.finish_reason, self._usage(done))
+            else:
+                end = self.protocol.stream_usage_end(self.reply, self._usage(done))
+            for chunk in end:
                 yield chunk
 
-    def _ending(self, output: Output, *, streamed: str) -> Iterator[str]:
-        """A done stream's last deltas (what the final text holds beyond what was streamed)
-        and its end event; a failed one's error event."""
-        if output.kind != "done":
-            yield from self.protocol.stream_error(self.reply, failure(output.ending))
-            return
+    def _choice_end(self, output: Output, *, streamed: str) -> Iterator[str]:
+        """A done choice's last deltas (what its final text holds beyond what was streamed)
+        and, of several choices, its end event (one choice's end is the stream's)."""
         rest = output.text[len(streamed) :] if output.text.startswith(streamed) else ""
         if rest:
-            yield from self.protocol.stream_delta(self.reply, rest)
-        yield from self.protocol.stream_end(
-            self.reply, output.finish_reason, Usage(self.prompt_tokens, output.tokens, output.kudos)
-        )
+            yield from self.protocol.stream_delta(self.reply, rest, output.index)
+        if self.reply.n > 1:
+            yield from self.protocol.stream_choice_end(self.reply, output.index, output.finish_reason)

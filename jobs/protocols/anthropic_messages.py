@@ -156,7 +156,7 @@ class AnthropicMessages(ChatProtocol):
             sse({"type": "ping"}, event="ping"),
         ]
 
-    def stream_delta(self, reply: Reply, text: str) -> list[str]:
+    def stream_delta(self, reply: Reply, text: str, index: int = 0) -> list[str]:  # one choice: index 0
         delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
         return [sse(delta, event="content_block_delta")]
 

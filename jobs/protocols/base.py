@@ -32,6 +32,8 @@ from jobs.serializers import (
 )
 
 MAX_REPLY_TOKENS = 16384
+# OpenAI's `n` on the /v1 routes that take it: each choice is a job of its own.
+MAX_CHOICES = 8
 MAX_MESSAGES = 1000
 # The horde's own bounds on `stop_sequence` (as on the text routes' `params`).
 MAX_STOP_SEQUENCES = 128
@@ -52,6 +54,7 @@ class ChatCall:
     prompt: str | None = None  # a text completion's prompt, in place of messages
     max_tokens_field: str = "max_tokens"  # the field the client set it in, for a refusal's `param`
     models: tuple[str, ...] = ()  # OpenRouter's fallbacks: other models that may serve it, in order
+    n: int = 1  # choices wanted: a job each (OpenAI's `n`)
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Reply:
     id: str
     model: str
     prompt_tokens: int = 0
+    n: int = 1  # choices
     created: int = field(default_factory=lambda: int(time.time()))
     # The next `sequence_number`, for a protocol that numbers its stream events (Responses).
     sequence: int = 0
@@ -71,6 +75,14 @@ class Reply:
         number = self.sequence
         self.sequence += 1
         return number
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One finished reply of a request's `n`."""
+
+    text: str
+    finish_reason: str
 
 
 @dataclass(frozen=True)

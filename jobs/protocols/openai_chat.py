@@ -7,10 +7,12 @@ from rest_framework import serializers
 
 from hordeops import errors
 from jobs.protocols.base import (
+    MAX_CHOICES,
     MAX_MESSAGES,
     MAX_REPLY_TOKENS,
     MAX_STOP_SEQUENCE_CHARS,
     ChatCall,
+    Choice,
     MessageInput,
     Reply,
     SamplerInput,
@@ -41,13 +43,14 @@ class StopField(serializers.JSONField):
 
 class OpenAIInput(SamplerInput):
     """What OpenAI's Chat Completions and (legacy) Completions take alike: the model, the
-    stream, one choice, the sampling knobs (OpenAI's and OpenRouter's) and the stop strings."""
+    stream, the choices wanted (`n`, a job each), the sampling knobs (OpenAI's and OpenRouter's)
+    and the stop strings."""
 
     model = StrictCharField(max_length=255)
     models = fallbacks_field()
     max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS, required=False, allow_null=True)
     stream = StrictBooleanField(default=False)
-    n = StrictIntegerField(min_value=1, max_value=1, required=False, allow_null=True)
+    n = StrictIntegerField(min_value=1, max_value=MAX_CHOICES, required=False, allow_null=True)
     temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
     top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
     seed = StrictIntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
@@ -80,22 +83,36 @@ class OpenAIChat(OpenAIErrors):
             stream=data["stream"],
             params=sampling(data, data.get("stop") or []),
             models=tuple(data.get("models") or ()),
+            n=data.get("n") or 1,
         )
 
-    def _chunk(self, reply: Reply, delta: dict[str, str], finish_reason: str | None) -> dict[str, Any]:
+    def _chunk(
+        self, reply: Reply, delta: dict[str, str], finish_reason: str | None, index: int = 0
+    ) -> dict[str, Any]:
         return {
             "id": reply.id,
             "object": "chat.completion.chunk",
             "created": reply.created,
             "model": reply.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason}],
         }
 
     def stream_start(self, reply: Reply) -> list[str]:
-        return [sse(self._chunk(reply, {"role": "assistant", "content": ""}, None))]
+        start = {"role": "assistant", "content": ""}
+        return [sse(self._chunk(reply, start, None, index)) for index in range(reply.n)]
 
-    def stream_delta(self, reply: Reply, text: str) -> list[str]:
-        return [sse(self._chunk(reply, {"content": text}, None))]
+    def stream_delta(self, reply: Reply, text: str, index: int = 0) -> list[str]:
+        return [sse(self._chunk(reply, {"content": text}, None, index))]
+
+    def stream_choice_end(self, reply: Reply, index: int, finish_reason: str) -> list[str]:
+        """One of several choices' end (n > 1): its finish_reason; the usage comes once, after all."""
+        return [sse(self._chunk(reply, {}, finish_reason, index))]
+
+    def stream_usage_end(self, reply: Reply, usage: Usage) -> list[str]:
+        """The end of a stream of several choices: a chunk with no choice and the usage of all
+        (as OpenAI's `stream_options.include_usage` ends one), then [DONE]."""
+        final = {**self._chunk(reply, {}, None), "choices": [], "usage": self._usage(usage)}
+        return [sse(final), sse("[DONE]")]
 
     def stream_end(self, reply: Reply, finish_reason: str, usage: Usage) -> list[str]:
         final = self._chunk(reply, {}, finish_reason)
@@ -115,6 +132,10 @@ class OpenAIChat(OpenAIErrors):
         }
 
     def response(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        return self.response_choices(reply, [Choice(text, finish_reason)], usage)
+
+    def response_choices(self, reply: Reply, choices: list[Choice], usage: Usage) -> dict[str, Any]:
+        """A whole answer of one or more choices, indexed in the order given."""
         return {
             "id": reply.id,
             "object": "chat.completion",
@@ -122,11 +143,12 @@ class OpenAIChat(OpenAIErrors):
             "model": reply.model,
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "index": index,
+                    "message": {"role": "assistant", "content": choice.text, "refusal": None},
                     "logprobs": None,
-                    "finish_reason": finish_reason,
+                    "finish_reason": choice.finish_reason,
                 }
+                for index, choice in enumerate(choices)
             ],
             "usage": self._usage(usage),
         }

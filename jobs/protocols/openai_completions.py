@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops import errors
-from jobs.protocols.base import ChatCall, Reply, Usage, sampling, sse, stop_list, validated
+from jobs.protocols.base import ChatCall, Choice, Reply, Usage, sampling, sse, stop_list, validated
 from jobs.protocols.openai_chat import OpenAIChat, OpenAIInput
 from jobs.protocols.openai_errors import OpenAIErrors
 from jobs.serializers import StrictBooleanField
@@ -77,15 +77,18 @@ class OpenAICompletions(OpenAIErrors):
             params=sampling(data, data.get("stop") or []),
             prompt=data["prompt"],
             models=tuple(data.get("models") or ()),
+            n=data.get("n") or 1,
         )
 
-    def _completion(self, reply: Reply, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def _completion(
+        self, reply: Reply, text: str, finish_reason: str | None, index: int = 0
+    ) -> dict[str, Any]:
         return {
             "id": reply.id,
             "object": "text_completion",
             "created": reply.created,
             "model": reply.model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": finish_reason}],
         }
 
     _usage = OpenAIChat._usage  # the same usage object as Chat Completions'
@@ -93,8 +96,15 @@ class OpenAICompletions(OpenAIErrors):
     def stream_start(self, reply: Reply) -> list[str]:
         return []
 
-    def stream_delta(self, reply: Reply, text: str) -> list[str]:
-        return [sse(self._completion(reply, text, None))]
+    def stream_delta(self, reply: Reply, text: str, index: int = 0) -> list[str]:
+        return [sse(self._completion(reply, text, None, index))]
+
+    def stream_choice_end(self, reply: Reply, index: int, finish_reason: str) -> list[str]:
+        return [sse(self._completion(reply, "", finish_reason, index))]
+
+    def stream_usage_end(self, reply: Reply, usage: Usage) -> list[str]:
+        final = {**self._completion(reply, "", None), "choices": [], "usage": self._usage(usage)}
+        return [sse(final), sse("[DONE]")]
 
     def stream_end(self, reply: Reply, finish_reason: str, usage: Usage) -> list[str]:
         final = self._completion(reply, "", finish_reason)
@@ -105,7 +115,15 @@ class OpenAICompletions(OpenAIErrors):
         return [sse(self.error_body(err))]  # then the stream just ends, with no [DONE]
 
     def response(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
-        return {**self._completion(reply, text, finish_reason), "usage": self._usage(usage)}
+        return self.response_choices(reply, [Choice(text, finish_reason)], usage)
+
+    def response_choices(self, reply: Reply, choices: list[Choice], usage: Usage) -> dict[str, Any]:
+        answer = self._completion(reply, "", None)
+        answer["choices"] = [
+            {"text": c.text, "index": i, "logprobs": None, "finish_reason": c.finish_reason}
+            for i, c in enumerate(choices)
+        ]
+        return {**answer, "usage": self._usage(usage)}
 
     def reply_id(self, request_id: str) -> str:
         return f"cmpl-{request_id}"

@@ -215,7 +215,7 @@ class OpenAIResponses(OpenAIErrors):
             self._event(reply, "response.content_part.added", **self._text_place(reply), part=self._part("")),
         ]
 
-    def stream_delta(self, reply: Reply, text: str) -> list[str]:
+    def stream_delta(self, reply: Reply, text: str, index: int = 0) -> list[str]:  # one choice: index 0
         reply.streamed.append(text)
         return [
             self._event(

@@ -283,13 +283,17 @@ class Restart(NamedTuple):
     max_length: int
     max_context_length: int
     queued: int
+    n: int  # the jobs it asked for
 
 
-def restart_requests(*, counts: Counter[UUID], after_commit: Ending) -> list[Restart]:
+def restart_requests(
+    *, counts: Counter[UUID], after_commit: Ending, now: datetime | None = None
+) -> list[Restart]:
     """Give `counts` aborted jobs back to each request, or fault a request past its restarts.
 
     A request whose stream was committed to a requester faults at once, ending `after_commit`
-    (its worker stopped delivering, or gave the job back): there is no fallback after commit."""
+    (its worker stopped delivering, or gave the job back): there is no fallback after commit.
+    A faulted /v1 request of several jobs has its other running jobs cancelled (`_cancel_siblings`)."""
     ids, added = zip(*counts.items(), strict=True)
     params = {
         "ids": list(ids),
@@ -299,7 +303,35 @@ def restart_requests(*, counts: Counter[UUID], after_commit: Ending) -> list[Res
     }
     with connection.cursor() as cursor:
         cursor.execute(sql.restart_requests(), params)
-        return [Restart(*row) for row in cursor.fetchall()]
+        restarts = [Restart(*row) for row in cursor.fetchall()]
+    _cancel_siblings(
+        [r for r in restarts if r.state == TextRequest.State.FAULTED and r.relayed and r.n > 1],
+        now or clock.now(),
+    )
+    return restarts
+
+
+def _cancel_siblings(faulted: list[Restart], now: datetime) -> None:
+    """Cancel the jobs still running of relayed requests of several jobs (a /v1 request's `n`)
+    that just faulted: their requester was told the request failed, so nobody will receive
+    their output (a horde request's, read by polling, are left to finish). Their workers are
+    told GenerationCancelled at their next post, which does not count against them. A job
+    whose submit holds it now is left to it (skip locked), as `cancel_request` leaves one; a
+    statement more only when such a request faults."""
+    if not faulted:
+        return
+    by_request = {restart.request_id: restart for restart in faulted}
+    running = list(
+        Generation.objects.filter(request_id__in=by_request, state=Generation.State.PROCESSING)
+        .select_for_update(no_key=True, skip_locked=True)
+        .order_by("pk")
+        .values_list("pk", "request_id")
+    )
+    for ending in {by_request[request_id].ending for _, request_id in running}:
+        ended = {g: by_request[r].max_length for g, r in running if by_request[r].ending == ending}
+        _cancel_generations(ended, Ending(ending), now)
+    if running:
+        transaction.on_commit(lambda: leases.kill([g for g, _ in running]), robust=True)
 
 
 def relay_restarts(*, restarts: list[Restart], aborted: list[AbortedJob]) -> None:

@@ -11,8 +11,8 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Max
-from django.db.models.functions import Least
+from django.db.models import F, Max, UUIDField, Value
+from django.db.models.functions import Coalesce, Least
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
@@ -324,6 +324,7 @@ def create_reply_request(
     max_length_field: str = "max_tokens",
     shared_key: SharedKey | None = None,
     fallbacks: tuple[str, ...] = (),
+    n: int = 1,
 ) -> TextRequest:
     """Admit and queue one /v1 reply from `model`: a text completion of `prompt` when there is
     one (a text job any of its workers may take, a legacy worker too, followed by its requester
@@ -331,7 +332,8 @@ def create_reply_request(
     workers accept (`_reply_length`), within a `shared_key`'s cap; `max_length_field` names it
     as the client did. A shared key is refused spent or expired, or past its cap or budget, as
     on the horde's route (`create_text_request`), with no fallback: the /v1 protocols have no
-    allow_downgrade.
+    allow_downgrade. `n` replies of one request are `n` jobs, held for and charged as the
+    horde's route holds `params.n` (`spending.request_cost`).
 
     `fallbacks` (OpenRouter's `models`) are models that may serve it too: the request names
     every one of `model` and its fallbacks that has an online worker able to give the reply,
@@ -364,8 +366,8 @@ def create_reply_request(
         # The worker must hold the prompt and the whole reply in its context.
         max_context_length=max(20, prompt_tokens(prompt)) + max_length,
         requested_models=models,
-        n=1,
-        queued=1,
+        n=n,
+        queued=n,
         shared_key=shared_key,
         **fields,
     )
@@ -389,23 +391,28 @@ def _prefer_model(request: TextRequest, *, model: str, now: datetime) -> None:
 
 
 def commit_stream(*, request_id: UUID, generation_id: UUID) -> str | None:
-    """Commit the request's stream to one generation's output, if it is still running; the
-    model that generation is served by, or None when nothing was committed.
+    """Commit one generation's output to the request's stream (one of its `n` choices), if the
+    generation is still running and the request active; the model that generation is served
+    by, or None when nothing was committed.
 
-    From here on an abort faults the request instead of restarting it. The generation row
-    is locked first, in the order the stale pass and the submit lock (generation, then
-    request): either the pass aborted it before, and nothing is committed, or it aborts it
-    after and sees the commitment.
+    From here on this generation's abort faults the request instead of restarting it
+    (`Generation.streamed`); the request's `stream_generation` keeps the first committed. The
+    generation row is locked first, in the order the stale pass and the submit lock
+    (generation, then request): either the pass aborted it before, and nothing is committed,
+    or it aborts it after and sees the commitment.
     """
     with transaction.atomic():
-        running = list(
-            Generation.objects.select_for_update(no_key=True)
-            .filter(pk=generation_id, request_id=request_id, state=Generation.State.PROCESSING)
-            .values_list("model", flat=True)
-        )
+        # The generation's own columns only: a join (the request's state) would be read from
+        # the statement's snapshot, not re-checked once a concurrent abort releases the row.
+        running = Generation.objects.filter(
+            pk=generation_id, request_id=request_id, state=Generation.State.PROCESSING
+        ).update(streamed=True)
         if not running:
             return None
-        committed = TextRequest.objects.filter(
-            pk=request_id, state=TextRequest.State.ACTIVE, stream_generation=None
-        ).update(stream_generation=generation_id)
-    return running[0] if committed == 1 else None
+        first = Coalesce(F("stream_generation"), Value(generation_id, output_field=UUIDField()))
+        if not TextRequest.objects.filter(pk=request_id, state=TextRequest.State.ACTIVE).update(
+            stream_generation=first
+        ):
+            transaction.set_rollback(True)  # ended meanwhile: nothing is committed
+            return None
+        return Generation.objects.filter(pk=generation_id).values_list("model", flat=True).get()

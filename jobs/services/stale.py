@@ -70,7 +70,9 @@ def abort_stale_generations(*, now: datetime | None = None) -> StalePassResult:
         result.aborted = len(rows)
         restarts: list[Restart] = []
         if rows:
-            restarts = restart_requests(counts=Counter(row[1] for row in rows), after_commit=Ending.ABORTED)
+            restarts = restart_requests(
+                counts=Counter(row[1] for row in rows), after_commit=Ending.ABORTED, now=now
+            )
             result.maintenance = count_aborts(counts=Counter(row[2] for row in rows), now=now)
         by_trust = Counter(metrics.trust_label(row[3]) for row in rows)
         aborted = [AbortedJob(request_id=row[1], generation_id=row[0]) for row in rows]

@@ -189,7 +189,9 @@ def _give_back(generation: Generation, now: datetime) -> None:
         )
         if not given_back:
             raise refusal(generation_id=generation.pk)
-        restarts = restart_requests(counts=Counter([generation.request_id]), after_commit=Ending.GIVEN_BACK)
+        restarts = restart_requests(
+            counts=Counter([generation.request_id]), after_commit=Ending.GIVEN_BACK, now=now
+        )
         count_aborts(counts=Counter([generation.worker_id]), now=now, given_back=True)
         trust = metrics.trust_label(generation.worker.account.trusted)
         aborted = [AbortedJob(request_id=generation.request_id, generation_id=generation.pk)]

@@ -2,7 +2,7 @@
 
 from functools import cache
 
-from jobs.models import Ending, TextRequest, lease_end_sql
+from jobs.models import Ending, Generation, TextRequest, lease_end_sql
 from jobs.sql.names import (
     ABORTED,
     ACTIVE,
@@ -37,10 +37,17 @@ def cancel_generations() -> str:
 @cache
 def restart_requests() -> str:
     """Give `added` aborted jobs back to each request (`ids`), or fault it: past `max`
-    restarts, or at once, ending `after_commit`, if its stream was committed; a faulted
+    restarts, or at once, ending `after_commit`, if one of the jobs' output had been committed
+    to its stream (the generations' states are set before this runs); a faulted
     request's hold is released. Returns (id, state, relayed, ending) and, for waiting pops,
-    what taking a job back in the queue needs (`jobs.waits.Offer`)."""
-    fault = f"r.state = '{ACTIVE}' AND (r.stream_generation IS NOT NULL OR r.restarts + v.added >= %(max)s)"
+    what taking a job back in the queue needs (`jobs.waits.Offer`), then its `n`."""
+    # A committed generation (`Generation.streamed`) among those just ended: its choice was
+    # seen by its requester and cannot be served again. The others' choices can.
+    committed = (
+        f"EXISTS (SELECT FROM {GENERATIONS} AS g WHERE g.request_id = r.id AND g.streamed"
+        f" AND g.state IN ('{ABORTED}', '{Generation.State.FAULTED.value}'))"
+    )
+    fault = f"r.state = '{ACTIVE}' AND ({committed} OR r.restarts + v.added >= %(max)s)"
     return f"""
         WITH restarted AS (
             UPDATE {REQUESTS} AS r SET
@@ -48,15 +55,15 @@ def restart_requests() -> str:
               queued = CASE WHEN r.state = '{ACTIVE}' AND NOT ({fault}) THEN r.queued + v.added ELSE 0 END,
               state = CASE WHEN {fault} THEN '{FAULTED}' ELSE r.state END,
               ending = CASE WHEN NOT ({fault}) THEN r.ending
-                            WHEN r.stream_generation IS NOT NULL THEN %(after_commit)s
+                            WHEN {committed} THEN %(after_commit)s
                             ELSE '{Ending.RESTARTS.value}' END
             FROM (SELECT unnest(%(ids)s::uuid[]) AS id, unnest(%(added)s::int[]) AS added) AS v
             WHERE r.id = v.id
             RETURNING r.id, r.state, {RELAYED} AS relayed, r.ending, r.requested_models, r.kind,
-                      r.max_length, r.max_context_length, r.queued
+                      r.max_length, r.max_context_length, r.queued, r.n
         ),
         {release_holds(rows=f"SELECT id AS request_id FROM restarted WHERE state = '{FAULTED}'")}
-        SELECT id, state, relayed, ending, requested_models, kind, max_length, max_context_length, queued
+        SELECT id, state, relayed, ending, requested_models, kind, max_length, max_context_length, queued, n
         FROM restarted
         """
 

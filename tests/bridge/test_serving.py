@@ -197,3 +197,27 @@ def test_without_max_length_the_bridge_declares_a_1024_token_reply_and_the_opena
     whole = sdk.chat.completions.create(model=model, messages=MESSAGES, temperature=0)
     assert (whole.usage.completion_tokens, whole.choices[0].finish_reason) == (1024, "length")
     assert bridge.stop() == 0
+
+
+def test_the_openai_sdk_gets_three_choices_of_the_engines_reply_through_the_bridge(
+    stack, engine, accounts, bridge
+) -> None:
+    expected = _direct(engine, "/v1/chat/completions", messages=MESSAGES, max_tokens=24)
+    sdk = openai.OpenAI(base_url=f"{stack.url}/v1", api_key=accounts["requester"], max_retries=0, timeout=120)
+    whole = sdk.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0, n=3)
+    assert [choice.index for choice in whole.choices] == [0, 1, 2]
+    assert [choice.message.content for choice in whole.choices] == [expected] * 3  # three jobs, greedy
+    assert [choice.finish_reason for choice in whole.choices] == ["length"] * 3
+    assert whole.usage.completion_tokens == 3 * 24
+    texts: dict[int, str] = {}
+    ends: dict[int, str] = {}
+    stream = sdk.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=24, temperature=0, n=3, stream=True
+    )
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                ends[choice.index] = choice.finish_reason
+    assert texts == {0: expected, 1: expected, 2: expected}
+    assert ends == {0: "length", 1: "length", 2: "length"}

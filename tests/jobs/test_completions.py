@@ -134,7 +134,7 @@ def test_a_completion_is_refused_in_openais_shape_for_what_the_horde_does_not_se
         sdk.completions.create(model="nobody/serves-this", prompt="hi")
     assert unknown.value.body["code"] == "model_not_found"
     LegacyWorker(live_stack.urls[0], owner.api_key).pop()
-    for bad in ({"prompt": ["two", "prompts"]}, {"prompt": "hi", "echo": True}, {"prompt": "hi", "n": 2}):
+    for bad in ({"prompt": ["two", "prompts"]}, {"prompt": "hi", "echo": True}, {"prompt": "hi", "n": 9}):
         with pytest.raises(openai.BadRequestError):
             sdk.completions.create(model=MODEL, **bad)
     with pytest.raises(openai.AuthenticationError):
