@@ -65,6 +65,7 @@ def _start(
         "params": call.params,
         "deadline_at": deadline_at,
         "shared_key": shared_key,
+        "needs": call.needs,
     }
     text_request = services.create_reply_request(prompt=call.prompt, messages=call.messages, **reply)
     return call, text_request, budget

@@ -5,8 +5,10 @@ it commits the response to the first generation that delivers useful output (tex
 only white space); from then on only that generation's output is relayed.
 """
 
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 from hordeops import asyncdb, errors
@@ -24,6 +26,15 @@ class Output:
     kudos: float = 0.0
     finish_reason: str = "stop"
     ending: Ending = Ending.NONE  # why a failed request ended
+    # Done: the reply's tool calls (`jobs.protocols.agents`); a delta: its pieces of them
+    # (`{"index", "id", "function": {"name", "arguments"}}`, OpenAI's stream form).
+    tool_calls: tuple[dict[str, Any], ...] = ()
+
+
+def _calls(event: relay.Event) -> tuple[dict[str, Any], ...]:
+    """An event's tool calls or pieces of them, written by the horde itself as JSON."""
+    raw = event.fields.get("tool_calls")
+    return tuple(json.loads(raw)) if raw else ()
 
 
 class Follower:
@@ -59,7 +70,8 @@ class Follower:
             elif event.type == relay.DONE:
                 if self.generation in (None, event.generation):
                     text = event.text
-                    if self.generation is None and self.stream and not text.strip():
+                    calls = _calls(event)
+                    if self.generation is None and self.stream and not text.strip() and not calls:
                         raise errors.UpstreamStreamInvalid("The job ended before any output.")
                     return Output(
                         "done",
@@ -67,6 +79,7 @@ class Follower:
                         tokens=int(event.fields.get("tokens", 0)),
                         kudos=float(event.fields.get("kudos", 0)),
                         finish_reason=event.fields.get("finish_reason", "stop"),
+                        tool_calls=calls,
                     )
             elif event.type == relay.FAILED:
                 code = event.fields.get("code", "")

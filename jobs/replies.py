@@ -82,6 +82,7 @@ class Exchange:
             return self.protocol.error_response(failure(Ending.CANCELLED))
         if not stream:
             await self._outputs.aclose()
+            self.reply.tool_calls = list(first.tool_calls)
             usage = Usage(self.prompt_tokens, first.tokens, first.kudos)
             return JsonResponse(self.protocol.response(self.reply, first.text, first.finish_reason, usage))
         response = StreamingHttpResponse(self._events(first), content_type="text/event-stream")

@@ -211,6 +211,13 @@ class PopInput(HotInput):
     bridge_agent = StrictCharField(max_length=1000, default="unknown:0:unknown")
     amount = _int(1, 20, default=1)
     chat = StrictBooleanField(default=False)
+    tools = StrictBooleanField(
+        default=False, help_text="The worker's model server takes OpenAI `tools` and answers tool calls."
+    )
+    structured_outputs = StrictBooleanField(
+        default=False,
+        help_text="The worker's model server holds a reply to a `response_format` (JSON, a schema).",
+    )
     wait_seconds = StrictFloatField(
         min_value=0,
         max_value=MAX_WAIT_SECONDS,
@@ -252,6 +259,9 @@ class SubmitInput(HotInput):
     state = serializers.ChoiceField(choices=["ok", "censored", "faulted", "csam"], default="ok")
     seed = _int(-(2**63), 2**63 - 1, default=0)
     gen_metadata = serializers.ListField(child=serializers.DictField(), max_length=50, default=list)
+    # hordeops's own: the reply's tool calls, OpenAI's `{"id", "type", "function": {"name",
+    # "arguments"}}`, for a job that offered tools (docs/reference/worker_protocol.md).
+    tool_calls = serializers.ListField(child=serializers.DictField(), max_length=128, required=False)
 
     @staticmethod
     def built(valid: dict) -> dict[str, Any]:
@@ -262,6 +272,7 @@ class SubmitInput(HotInput):
             "state": valid["state"],
             "seed": valid["seed"],
             "gen_metadata": valid["gen_metadata"],
+            "tool_calls": valid.get("tool_calls"),
         }
 
 

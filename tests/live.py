@@ -655,9 +655,17 @@ class ChatWorker:
         model: str,
         max_length: int = 16384,
         max_context_length: int = 32768,
+        tools: bool = False,
+        structured_outputs: bool = False,
     ) -> None:
         self.name = name
         self.model = model
+        # Sent only when declared: a pop without them is the one every worker sent before.
+        self.capabilities = {
+            name: True
+            for name, declared in (("tools", tools), ("structured_outputs", structured_outputs))
+            if declared
+        }
         self.max_length = max_length
         self.max_context_length = max_context_length
         self.http = httpx.Client(base_url=base_url, headers={"apikey": api_key}, timeout=30)
@@ -679,6 +687,7 @@ class ChatWorker:
                 "max_length": self.max_length,
                 "max_context_length": self.max_context_length,
                 "chat": True,
+                **self.capabilities,
             },
         )
         assert response.status_code == 200, response.text

@@ -202,6 +202,10 @@ class Worker(models.Model):
     threads = models.PositiveSmallIntegerField(default=1)
     nsfw = models.BooleanField(default=False)
     chat = models.BooleanField(default=False)
+    # What its model server can do beyond plain chat, declared at each pop (`CAPABILITIES`):
+    # a chat job that needs one is offered only to workers that declare it (`jobs.eligibility`).
+    tools = models.BooleanField(default=False, db_default=False)
+    structured_outputs = models.BooleanField(default=False, db_default=False)
     bridge_agent = models.CharField(max_length=1000, default="unknown:0:unknown")
     # The client address of its last pop, as the limits count it (an IPv6 address by its /64):
     # workers of untrusted accounts from one address are limited (WORKER_LIMIT_PER_ADDRESS).

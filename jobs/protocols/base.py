@@ -42,6 +42,9 @@ class ChatCall:
     params: dict[str, Any]
     prompt: str | None = None  # a text completion's prompt, in place of messages
     max_tokens_field: str = "max_tokens"  # the field the client set it in, for a refusal's `param`
+    # The capabilities its worker must declare, each with the field that needs it
+    # (`jobs.protocols.agents.needs`): tools, structured output.
+    needs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,6 +59,10 @@ class Reply:
     sequence: int = 0
     # The text sent in stream deltas so far, for a protocol that repeats it at the end.
     streamed: list[str] = field(default_factory=list)
+    # The reply's tool calls, whole (`jobs.protocols.agents`' form), once it is done.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    # A stream's tool calls as they came so far, by index: their id, name and arguments.
+    streamed_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def next_sequence(self) -> int:
         number = self.sequence

@@ -1,6 +1,7 @@
 """Queueing requests: the text route's and the chat routes', within the account's bound and in
 the fair order; committing a chat stream to one generation."""
 
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Max
+from django.db.models import Count, F, Max, Q
 from django.db.models.functions import Least
 
 from hordeops import clock, errors
@@ -55,12 +56,21 @@ class QueuedText:
 
 
 def _reply_length(
-    model: str, prompt: str, now: datetime, *, chat: bool, asked: int | None, field: str
+    model: str,
+    prompt: str,
+    now: datetime,
+    *,
+    chat: bool,
+    asked: int | None,
+    field: str,
+    needs: dict[str, str] | None = None,
 ) -> int:
     """The reply a /v1 request is queued for, decided by the online workers of its model (chat
     workers for a chat, the ones `/v1/models` lists; any worker for a text completion).
 
-    No such worker: 404 `UnknownModel`. `asked` None (the client set no limit, which OpenAI
+    No such worker: 404 `UnknownModel`. `needs` (capability -> the field that needs it, e.g.
+    `{"tools": "tools"}`): only the workers that declare them count, and where none does, 404
+    `CapabilityNotServed` at once. `asked` None (the client set no limit, which OpenAI
     reads as "as much as the model gives"): the most one of them accepts with this prompt in
     its context, within MAX_REPLY_TOKENS. An `asked` above every one's `max_length`: refused at
     once, naming the most accepted, for it would only wait out its life. The workers are read
@@ -70,12 +80,28 @@ def _reply_length(
     online = Worker.objects.online_chat(now) if chat else Worker.objects.online(now)
     # The context a request needs, as `create_reply_request` counts it: its prompt and its reply.
     prompt_size = max(20, prompt_tokens(prompt))
+    capable = Q()
+    for name in needs or {}:
+        capable &= Q(**{name: True})
     limits = online.filter(served_models__overlap=[model]).aggregate(
-        longest=Max("max_length"), fitting=Max(Least("max_length", F("max_context_length") - prompt_size))
+        serving=Count("pk"),
+        longest=Max("max_length", filter=capable),
+        fitting=Max(Least("max_length", F("max_context_length") - prompt_size), filter=capable),
+        **{name: Count("pk", filter=Q(**{name: True})) for name in needs or {}},
     )
     longest, fitting = limits["longest"], limits["fitting"]
-    if longest is None:
+    if not limits["serving"]:
         raise errors.UnknownModel(f"No online worker serves the model {model[:255]}.")
+    if longest is None:
+        # The capability no worker declares (else the first: none declares them all).
+        name = next((name for name in needs or {} if not limits[name]), next(iter(needs or {})))
+        param = (needs or {})[name]
+        what = {"tools": "tool calls", "structured_outputs": "structured output (response_format)"}[name]
+        raise errors.CapabilityNotServed(
+            f"No online worker of the model {model[:255]} declares {what}: send the request without "
+            f"{param}, or to a model whose workers support it.",
+            param=param,
+        )
     if asked is None:
         # A prompt no worker's context holds gets the longest reply: its prompt, not its
         # length, keeps it waiting, and a shorter reply would not change that.
@@ -294,9 +320,15 @@ def _expiry(now: datetime, deadline_at: datetime | None) -> datetime:
     return min(lifetime, deadline_at) if deadline_at else lifetime
 
 
-def render_chat_prompt(messages: list[dict[str, str]]) -> str:
-    """The chat as one ChatML prompt, for workers that take a prompt rather than messages."""
-    turns = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+def render_chat_prompt(messages: list[dict[str, Any]]) -> str:
+    """The chat as one ChatML prompt, for workers that take a prompt rather than messages (and
+    the horde's count of its tokens): an assistant's tool calls written as their JSON."""
+    turns = [
+        f"<|im_start|>{m['role']}\n{m.get('content') or ''}"
+        + (json.dumps(m["tool_calls"], separators=(",", ":")) if m.get("tool_calls") else "")
+        + "<|im_end|>\n"
+        for m in messages
+    ]
     return "".join(turns) + "<|im_start|>assistant\n"
 
 
@@ -313,6 +345,7 @@ def create_reply_request(
     now: datetime | None = None,
     max_length_field: str = "max_tokens",
     shared_key: SharedKey | None = None,
+    needs: dict[str, str] | None = None,
 ) -> TextRequest:
     """Admit and queue one /v1 reply from `model`: a text completion of `prompt` when there is
     one (a text job any of its workers may take, a legacy worker too, followed by its requester
@@ -320,7 +353,8 @@ def create_reply_request(
     workers accept (`_reply_length`), within a `shared_key`'s cap; `max_length_field` names it
     as the client did. A shared key is refused spent or expired, or past its cap or budget, as
     on the horde's route (`create_text_request`), with no fallback: the /v1 protocols have no
-    allow_downgrade."""
+    allow_downgrade. `needs` (a chat's capabilities, each with the field that needs it): offered
+    only to workers that declare them, refused at once where no online worker of the model does."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
     account, shared_key = shared_keys.spender(account, shared_key, now=now, allow_downgrade=False)
@@ -329,11 +363,14 @@ def create_reply_request(
     chat = prompt is None
     if chat:
         prompt = render_chat_prompt(messages or [])
-    max_length = _reply_length(model, prompt, now, chat=chat, asked=max_length, field=max_length_field)
+    max_length = _reply_length(
+        model, prompt, now, chat=chat, asked=max_length, field=max_length_field, needs=needs
+    )
     if shared_key is not None and shared_key.max_text_tokens != SharedKey.UNLIMITED:
         max_length = min(max_length, shared_key.max_text_tokens)
     if chat:
         fields: dict[str, Any] = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
+        fields.update({f"needs_{name}": True for name in needs or {}})
     else:  # a text job's worker, a legacy one too, reads its length from the params
         params = {**params, "max_length": max_length}
         fields = {"kind": TextRequest.Kind.TEXT, "followed": True, "params": params}

@@ -1,0 +1,130 @@
+"""Agents' fields as each protocol reads them, and the horde's judgement of a worker's reply to
+them (`jobs.protocols.agents`): what is refused 400 with the field it names, what the job
+carries to its worker, and which replies are the worker's failure."""
+
+import pytest
+
+from hordeops import errors
+from jobs.protocols import OpenAIChat, agents
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+TOOL = {
+    "type": "function",
+    "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+}
+
+
+def _refused(body: dict) -> str | None:
+    with pytest.raises(errors.ProtocolValidationError) as refused:
+        OpenAIChat().parse(body)
+    return refused.value.param
+
+
+def test_a_plain_chat_needs_nothing_and_carries_no_agent_fields():
+    call = OpenAIChat().parse(BODY)
+    assert call.needs == {} and call.messages == [{"role": "user", "content": "hi"}]
+    assert not set(call.params) & {"tools", "tool_choice", "parallel_tool_calls", "response_format"}
+
+
+def test_tools_a_choice_and_a_format_are_carried_in_openais_form_and_name_what_they_need():
+    call = OpenAIChat().parse(
+        {
+            **BODY,
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+            "parallel_tool_calls": False,
+            "response_format": {"type": "json_object"},
+        }
+    )
+    assert call.params["tools"] == [TOOL]
+    assert call.params["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert call.params["parallel_tool_calls"] is False
+    assert call.params["response_format"] == {"type": "json_object"}
+    assert call.needs == {"tools": "tools", "structured_outputs": "response_format"}
+
+
+def test_a_text_response_format_and_an_empty_tool_list_need_nothing():
+    call = OpenAIChat().parse({**BODY, "tools": [], "response_format": {"type": "text"}})
+    assert call.needs == {} and "response_format" not in call.params
+
+
+def test_a_history_of_tool_calls_and_results_needs_tools_even_without_tools_sent():
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]  # fmt: skip
+    call = OpenAIChat().parse({**BODY, "messages": history})
+    assert call.needs == {"tools": "messages"}
+    assert call.messages[1]["content"] is None and call.messages[2]["tool_call_id"] == "c1"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+        ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools.0.function"),
+        ({"tools": [TOOL, TOOL]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+         "tools.0.function"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        ({"response_format": {"type": "json_schema",
+                              "json_schema": {"name": "n", "schema": {"type": "blob"}}}},
+         "response_format.json_schema.schema"),
+        ({"messages": [{"role": "tool", "content": "42"}]}, "messages.0.tool_call_id"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "c"}]}]},
+         "messages.0.tool_calls"),
+        ({"messages": [{"role": "assistant", "content": None,
+                        "tool_calls": [{"id": "c", "function": {"name": "f"}}]}]},
+         "messages.0.tool_calls"),
+    ],
+)  # fmt: skip
+def test_a_malformed_agent_field_is_refused_naming_the_field(extra, param):
+    assert _refused({**BODY, **extra}) == param
+
+
+PARAMS = {"tools": [{"type": "function", "function": {**TOOL["function"], "strict": True}}]}
+
+
+def _call(arguments: str, name: str = "f") -> list[dict]:
+    return agents.worker_calls(
+        [{"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}]
+    )
+
+
+def test_a_reply_with_calls_of_offered_functions_and_json_object_arguments_is_accepted():
+    agents.check_reply(PARAMS, "", _call('{"x": 1}'))
+    agents.check_reply(PARAMS, "Some text beside.", _call("{}"))
+    agents.check_reply({"response_format": {"type": "json_object"}}, '{"a": [1]}', [])
+
+
+@pytest.mark.parametrize(
+    ("params", "text", "calls"),
+    [
+        (PARAMS, "", _call('{"x": ')),  # not JSON
+        (PARAMS, "", _call("[1]")),  # not an object
+        (PARAMS, "", _call('{"x": "one"}')),  # breaks a strict function's parameters
+        (PARAMS, "", _call("{}", name="g")),  # a function the job did not offer
+        ({}, "", _call("{}")),  # a job that offered no tools
+        ({"response_format": {"type": "json_object"}}, "Sure! {}", []),
+        ({"response_format": {"type": "json_object"}}, "[1, 2]", []),
+        ({"response_format": {"type": "json_schema",
+                              "json_schema": {"name": "n", "schema": {"type": "integer"}}}},
+         '"seven"', []),
+    ],
+)  # fmt: skip
+def test_a_reply_that_breaks_its_job_is_the_workers_failure(params, text, calls):
+    with pytest.raises(agents.BadReply):
+        agents.check_reply(params, text, calls)
+
+
+def test_a_worker_call_without_an_id_gets_one_and_a_call_without_a_name_is_refused():
+    assert agents.worker_calls([{"function": {"name": "f", "arguments": "{}"}}])[0]["id"] == "call_0"
+    with pytest.raises(agents.BadReply):
+        agents.worker_calls([{"function": {"arguments": "{}"}}])

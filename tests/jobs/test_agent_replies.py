@@ -1,0 +1,194 @@
+"""An agent's chat through a live server with the openai SDK (issue 55): the worker gets the
+tools and the format in its pop, returns tool calls in its submit and in its progress posts,
+and the requester gets them in Chat Completions' shapes. A worker whose calls or JSON break
+what the job asked for is not relayed: its job goes to another worker."""
+
+import json
+import threading
+import time
+from typing import Any
+
+import openai
+import pytest
+
+from jobs.models import Generation
+from tests.live import ChatWorker
+from workers.models import Worker
+
+MODEL = "openai/agent-model-1B"
+SDK_TIMEOUT_SECONDS = 20
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+            "strict": True,
+        },
+    }
+]
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "degrees": {"type": "integer"}},
+    "required": ["city", "degrees"],
+}
+
+
+@pytest.fixture
+def agents(make_caller):
+    return make_caller("agent-requester"), make_caller("agent-owner")
+
+
+def _sdk(url: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=SDK_TIMEOUT_SECONDS)
+
+
+def _in_thread(call) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except Exception as exc:  # the test reads it
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def _done(thread: threading.Thread, out: dict[str, Any]) -> Any:
+    thread.join(SDK_TIMEOUT_SECONDS + 5)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_the_openai_sdks_agent_loop_gets_a_tool_call_then_sends_its_result_and_gets_the_answer(
+    live_stack, agents
+):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="agent", model=MODEL, tools=True)
+    worker.pop()
+    sdk = _sdk(url, requester.api_key)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo?"}]
+    thread, out = _in_thread(
+        lambda: sdk.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="auto")
+    )
+    job = worker.pop_job()
+    assert job["payload"]["tools"] == TOOLS and job["payload"]["tool_choice"] == "auto"
+    assert worker.submit("", tool_calls=[CALL]).status_code == 200
+    first = _done(thread, out)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "call_1",
+        "get_weather",
+        {"city": "Oslo"},
+    )
+
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "12 C"},
+    ]
+    thread, out = _in_thread(lambda: sdk.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS))
+    job = worker.pop_job()
+    history = job["payload"]["messages"]
+    assert history[1]["tool_calls"] == [CALL] and history[1]["content"] is None
+    assert history[2] == {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}
+    assert worker.submit("It is 12 C in Oslo.").status_code == 200
+    final = _done(thread, out)
+    assert (final.choices[0].message.content, final.choices[0].finish_reason) == (
+        "It is 12 C in Oslo.",
+        "stop",
+    )
+    assert final.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_tool_call_arguments_that_are_not_json_are_given_back_and_another_worker_answers(live_stack, agents):
+    [url] = live_stack.urls
+    requester, owner = agents
+    bad = ChatWorker(url, owner.api_key, name="bad-agent", model=MODEL, tools=True)
+    good = ChatWorker(url, owner.api_key, name="good-agent", model=MODEL, tools=True)
+    bad.pop(), good.pop()
+    sdk = _sdk(url, requester.api_key)
+    thread, out = _in_thread(
+        lambda: sdk.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=TOOLS,
+            tool_choice="required",
+        )
+    )
+    bad.pop_job()
+    broken = {**CALL, "function": {"name": "get_weather", "arguments": '{"city": "Os'}}
+    refused = bad.submit("", tool_calls=[broken])
+    assert (refused.status_code, refused.json()["rc"]) == (400, "ReplyBreaksJob"), refused.text
+    assert Generation.objects.get(pk=bad.id).state == Generation.State.FAULTED
+    assert Worker.objects.get(name="bad-agent").given_back == 1
+    good.pop_job()
+    assert good.submit("", tool_calls=[CALL]).status_code == 200
+    answer = _done(thread, out)
+    assert answer.choices[0].message.tool_calls[0].function.arguments == CALL["function"]["arguments"]
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_a_reply_that_breaks_the_requested_json_schema_is_given_back_and_a_fitting_one_is_answered(
+    live_stack, agents
+):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="json-agent", model=MODEL, structured_outputs=True)
+    worker.pop()
+    sdk = _sdk(url, requester.api_key)
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True},
+    }
+    thread, out = _in_thread(
+        lambda: sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather?"}], response_format=response_format
+        )
+    )
+    job = worker.pop_job()
+    assert job["payload"]["response_format"] == response_format
+    # Two: a third give-back would end the request (TEXT_REQUEST_MAX_RESTARTS).
+    for broken in ('{"city": "Oslo"}', '{"city": "Oslo", "degrees": "warm"}'):
+        refused = worker.submit(broken)
+        assert (refused.status_code, refused.json()["rc"]) == (400, "ReplyBreaksJob"), broken
+        job = worker.pop_job()
+    assert worker.submit('{"city": "Oslo", "degrees": 12}').status_code == 200
+    answer = _done(thread, out)
+    assert json.loads(answer.choices[0].message.content) == {"city": "Oslo", "degrees": 12}
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_a_request_with_tools_is_refused_within_a_second_when_the_models_workers_do_not_declare_them(
+    live_stack, agents
+):
+    [url] = live_stack.urls
+    requester, owner = agents
+    ChatWorker(url, owner.api_key, name="plain", model=MODEL).pop()
+    sdk = _sdk(url, requester.api_key)
+    started = time.monotonic()
+    with pytest.raises(openai.NotFoundError) as refused:
+        sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS
+        )
+    assert time.monotonic() - started < 1
+    assert refused.value.code == "capability_not_served"
