@@ -66,7 +66,7 @@ class Follower:
                         continue
                     return output
                 if event.generation == self.generation:
-                    return Output("delta", text=event.text)
+                    return Output("delta", text=event.text, tool_calls=_calls(event))
             elif event.type == relay.DONE:
                 if self.generation in (None, event.generation):
                     text = event.text
@@ -92,7 +92,8 @@ class Follower:
         """Hold white space until useful output arrives, then commit; None to read on."""
         held = self._held.setdefault(event.generation, [])
         held.append(event.text)
-        if not event.text.strip():
+        calls = _calls(event)  # a piece of a tool call is output too
+        if not event.text.strip() and not calls:
             if (
                 len(held) >= self.PREFLIGHT_EVENTS
                 or sum(len(t.encode()) for t in held) >= self.PREFLIGHT_BYTES
@@ -106,7 +107,7 @@ class Follower:
             self._held.pop(event.generation, None)
             return None  # aborted meanwhile: its job is restarting
         self.generation = event.generation
-        return Output("delta", text="".join(self._held.pop(event.generation)))
+        return Output("delta", text="".join(self._held.pop(event.generation)), tool_calls=calls)
 
     async def close(self) -> None:
         await self._events.aclose()

@@ -21,7 +21,7 @@ from jobs import cancellations, services
 from jobs.deadlines import Budget
 from jobs.follower import Follower, Output
 from jobs.models import Ending, TextRequest
-from jobs.protocols import ChatCall, ChatProtocol, Reply, Usage
+from jobs.protocols import ChatCall, ChatProtocol, Reply, Usage, agents
 
 T = TypeVar("T")
 
@@ -134,8 +134,12 @@ class Exchange:
             streamed: list[str] = []
             while output.kind == "delta":
                 streamed.append(output.text)
-                for chunk in self.protocol.stream_delta(self.reply, output.text):
-                    yield chunk
+                if output.text:  # a delta may hold only pieces of tool calls
+                    for chunk in self.protocol.stream_delta(self.reply, output.text):
+                        yield chunk
+                if output.tool_calls:
+                    for chunk in self.protocol.stream_tool_calls(self.reply, list(output.tool_calls)):
+                        yield chunk
                 try:
                     output = await anext(outputs)
                 except (errors.GenerationDeadlineExceeded, errors.ServiceUnavailable) as err:
@@ -154,6 +158,10 @@ class Exchange:
         rest = output.text[len(streamed) :] if output.text.startswith(streamed) else ""
         if rest:
             yield from self.protocol.stream_delta(self.reply, rest)
+        self.reply.tool_calls = list(output.tool_calls)
+        calls = agents.rest_of_calls(self.reply.streamed_calls, self.reply.tool_calls)
+        if calls:
+            yield from self.protocol.stream_tool_calls(self.reply, calls)
         yield from self.protocol.stream_end(
             self.reply, output.finish_reason, Usage(self.prompt_tokens, output.tokens, output.kudos)
         )

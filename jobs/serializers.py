@@ -281,6 +281,9 @@ class ProgressInput(HotInput):
     seq = _int(1, 10_000_000)
     delta = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
     tokens = _int(0, 10_000_000, required=False, allow_null=True)
+    # hordeops's own: pieces of the reply's tool calls, OpenAI's stream form `{"index", "id",
+    # "function": {"name", "arguments"}}` (docs/reference/worker_protocol.md).
+    tool_calls = serializers.ListField(child=serializers.DictField(), max_length=128, required=False)
 
     @staticmethod
     def built(valid: dict) -> dict[str, Any]:
@@ -290,6 +293,7 @@ class ProgressInput(HotInput):
             "seq": valid["seq"],
             "delta": valid["delta"],
             "tokens": valid.get("tokens"),
+            "tool_calls": valid.get("tool_calls"),
         }
 
 

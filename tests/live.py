@@ -707,12 +707,14 @@ class ChatWorker:
                 raise TimeoutError(f"{self.name} found no job within {timeout} s")
             time.sleep(0.05)
 
-    def progress(self, delta: str, *, seq: int | None = None, tokens: int | None = None) -> httpx.Response:
+    def progress(
+        self, delta: str, *, seq: int | None = None, tokens: int | None = None, **extra: Any
+    ) -> httpx.Response:
         """Post the next seq (or a given one, to retry); the answer is not checked."""
         if seq is None:
             self.seq += 1
             seq = self.seq
-        body: dict[str, Any] = {"id": self.id, "seq": seq, "delta": delta}
+        body: dict[str, Any] = {"id": self.id, "seq": seq, "delta": delta, **extra}
         if tokens is not None:
             body["tokens"] = tokens
         return self.http.post("/api/v2/generate/text/progress", json=body)

@@ -228,6 +228,47 @@ def worker_calls(value: Any) -> list[dict[str, Any]]:
     return calls
 
 
+def call_pieces(value: list[Any]) -> list[dict[str, Any]]:
+    """Pieces of tool calls as a progress post streams them, in OpenAI's stream form: each
+    `{"index"}` with any of `id`, `function.name` and a fragment of `function.arguments`."""
+    pieces = []
+    for piece in value:
+        index = piece.get("index") if isinstance(piece, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < MAX_CALLS:
+            raise BadReply(f"Each tool-call piece needs its call's index, 0 to {MAX_CALLS - 1}.")
+        function = piece.get("function") if isinstance(piece.get("function"), dict) else {}
+        out: dict[str, Any] = {"index": index}
+        if isinstance(piece.get("id"), str) and piece["id"]:
+            out["id"] = piece["id"]
+        named = {key: function[key] for key in ("name", "arguments") if isinstance(function.get(key), str)}
+        if named:
+            out["function"] = named
+        pieces.append(out)
+    return pieces
+
+
+def rest_of_calls(streamed: dict[int, dict[str, Any]], calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pieces a stream still owes of the final `calls`, beyond what it streamed (`streamed`,
+    by index: id, name, arguments so far): whole calls it never began, the end of arguments it
+    cut short. Arguments that differ from what was streamed cannot be unsent: their rest is
+    all that can be said, and the submit's own are what a non-streamed answer gives."""
+    pieces = []
+    for index, call in enumerate(calls):
+        function = call["function"]
+        sent = streamed.get(index)
+        if sent is None:
+            pieces.append({"index": index, "id": call["id"], "type": "function", "function": dict(function)})
+            continue
+        arguments = function["arguments"]
+        if arguments.startswith(sent.get("arguments", "")) and len(arguments) > len(
+            sent.get("arguments", "")
+        ):
+            pieces.append(
+                {"index": index, "function": {"arguments": arguments[len(sent.get("arguments", "")) :]}}
+            )
+    return pieces
+
+
 def check_reply(params: dict[str, Any], text: str, calls: list[dict[str, Any]]) -> None:
     """Raise BadReply where a reply breaks its job: a call of a function not offered, or
     whose arguments are not a JSON object (or break a strict function's schema); a reply whose

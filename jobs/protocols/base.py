@@ -83,6 +83,24 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+def note_pieces(reply: Reply, pieces: list[dict[str, Any]]) -> list[tuple[dict[str, Any], bool]]:
+    """Add tool-call pieces to what `reply` streamed of its calls; each piece with whether it
+    begins its call (its index was not seen before)."""
+    noted = []
+    for piece in pieces:
+        index = piece["index"]
+        first = index not in reply.streamed_calls
+        call = reply.streamed_calls.setdefault(index, {"id": f"call_{index}", "name": "", "arguments": ""})
+        function = piece.get("function") or {}
+        if first and piece.get("id"):
+            call["id"] = piece["id"]
+        if first and function.get("name"):
+            call["name"] = function["name"]
+        call["arguments"] += function.get("arguments", "")
+        noted.append((piece, first))
+    return noted
+
+
 def sse(data: Any, event: str | None = None) -> str:
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
     return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
@@ -190,6 +208,12 @@ class ChatProtocol:
     path = ""
     # Where the client APIs' status for a case differs from the horde's.
     STATUS = {"UnknownModel": 404}
+
+    def stream_tool_calls(self, reply: Reply, pieces: list[dict[str, Any]]) -> list[str]:
+        """The stream's events for pieces of tool calls (OpenAI's stream form, by `index`);
+        noted in `reply.streamed_calls`. A protocol that takes no tools relays none."""
+        note_pieces(reply, pieces)
+        return []
 
     def status_of(self, err: errors.DomainError) -> int:
         return self.STATUS.get(err.code, err.status)

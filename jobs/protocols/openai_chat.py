@@ -16,6 +16,7 @@ from jobs.protocols.base import (
     Reply,
     TextContentField,
     Usage,
+    note_pieces,
     sampling,
     sse,
     stop_list,
@@ -246,6 +247,26 @@ class OpenAIChat(OpenAIErrors):
 
     def stream_delta(self, reply: Reply, text: str) -> list[str]:
         return [sse(self._chunk(reply, {"content": text}, None))]
+
+    def stream_tool_calls(self, reply: Reply, pieces: list[dict[str, Any]]) -> list[str]:
+        """`delta.tool_calls`: a call's first piece with its id, type and name (as OpenAI
+        begins one), the rest with their `index` and argument fragments."""
+        calls = []
+        for piece, first in note_pieces(reply, pieces):
+            index = piece["index"]
+            call: dict[str, Any] = {"index": index}
+            function = dict(piece.get("function") or {})
+            if first:
+                call.update(id=reply.streamed_calls[index]["id"], type="function")
+                function = {
+                    "name": reply.streamed_calls[index]["name"],
+                    "arguments": function.get("arguments", ""),
+                }
+            else:
+                function.pop("name", None)
+            call["function"] = function
+            calls.append(call)
+        return [sse(self._chunk(reply, {"tool_calls": calls}, None))] if calls else []
 
     def stream_end(self, reply: Reply, finish_reason: str, usage: Usage) -> list[str]:
         final = self._chunk(reply, {}, finish_reason)

@@ -192,3 +192,79 @@ def test_a_request_with_tools_is_refused_within_a_second_when_the_models_workers
         )
     assert time.monotonic() - started < 1
     assert refused.value.code == "capability_not_served"
+
+
+PIECES = [
+    (
+        "",
+        [
+            {
+                "index": 0,
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": ""},
+            }
+        ],
+    ),
+    ("", [{"index": 0, "function": {"arguments": '{"city": '}}]),
+    ("", [{"index": 0, "function": {"arguments": '"Oslo"'}}]),
+]
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_a_streamed_tool_call_reaches_the_openai_sdk_as_delta_pieces_and_ends_with_tool_calls(
+    live_stack, agents
+):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="streaming-agent", model=MODEL, tools=True)
+    worker.pop()
+    sdk = _sdk(url, requester.api_key)
+    thread, out = _in_thread(
+        lambda: list(
+            sdk.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                tools=TOOLS,
+                stream=True,
+            )
+        )
+    )
+    worker.pop_job()
+    for delta, pieces in PIECES:
+        assert worker.progress(delta, tool_calls=pieces).status_code == 200
+    # The submit's calls are whole: the stream owes their end ("}"), sent before it ends.
+    assert worker.submit("", tool_calls=[CALL]).status_code == 200
+    chunks = _done(thread, out)
+    pieces = [call for chunk in chunks if chunk.choices for call in chunk.choices[0].delta.tool_calls or []]
+    first, *rest = pieces
+    assert (first.index, first.id, first.type, first.function.name) == (
+        0,
+        "call_1",
+        "function",
+        "get_weather",
+    )
+    assert all(piece.index == 0 and piece.id is None and not piece.function.name for piece in rest)
+    arguments = "".join(piece.function.arguments or "" for piece in pieces)
+    assert json.loads(arguments) == {"city": "Oslo"}
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "tool_calls"
+    assert not "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_a_progress_post_with_a_malformed_tool_call_piece_is_refused_400(live_stack, agents):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="sloppy-agent", model=MODEL, tools=True)
+    worker.pop()
+    sdk = _sdk(url, requester.api_key)
+    thread, out = _in_thread(
+        lambda: sdk.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS
+        )
+    )
+    worker.pop_job()
+    refused = worker.progress("", tool_calls=[{"function": {"arguments": "{"}}])  # no index
+    assert refused.status_code == 400, refused.text
+    assert worker.submit("", tool_calls=[CALL]).status_code == 200
+    assert _done(thread, out).choices[0].finish_reason == "tool_calls"
