@@ -63,6 +63,8 @@ class Reply:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     # A stream's tool calls as they came so far, by index: their id, name and arguments.
     streamed_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What a protocol keeps of its own stream (Messages: which content block is open).
+    protocol_state: dict[str, Any] = field(default_factory=dict)
 
     def next_sequence(self) -> int:
         number = self.sequence

@@ -5,7 +5,7 @@ carries to its worker, and which replies are the worker's failure."""
 import pytest
 
 from hordeops import errors
-from jobs.protocols import OpenAIChat, agents
+from jobs.protocols import AnthropicMessages, OpenAIChat, agents
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TOOL = {
@@ -128,3 +128,72 @@ def test_a_worker_call_without_an_id_gets_one_and_a_call_without_a_name_is_refus
     assert agents.worker_calls([{"function": {"name": "f", "arguments": "{}"}}])[0]["id"] == "call_0"
     with pytest.raises(agents.BadReply):
         agents.worker_calls([{"function": {"arguments": "{}"}}])
+
+
+ANTHROPIC = {"model": "m", "max_tokens": 32}
+CLAUDE_TOOL = {"name": "f", "input_schema": {"type": "object"}}
+
+
+def test_anthropic_tools_and_choices_are_carried_as_openais():
+    call = AnthropicMessages().parse(
+        {
+            **ANTHROPIC,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [CLAUDE_TOOL],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+        }
+    )
+    assert call.params["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    ]
+    assert (call.params["tool_choice"], call.params["parallel_tool_calls"]) == ("required", False)
+    assert call.needs == {"tools": "tools"}
+
+
+def test_anthropic_tool_use_and_tool_result_blocks_become_tool_calls_and_tool_messages():
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "sunny"}]},
+            {"type": "tool_result", "tool_use_id": "t2", "content": "no such city", "is_error": True},
+            {"type": "text", "text": "And tomorrow?"}]},
+    ]  # fmt: skip
+    call = AnthropicMessages().parse({**ANTHROPIC, "messages": history})
+    assert call.messages[1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"x":1}'}}],
+    }
+    assert call.messages[2:] == [
+        {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "t2", "content": "Error: no such city"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    assert call.needs == {"tools": "messages"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0"),
+        ({"tools": [{"name": "f"}]}, "tools.0.input_schema"),
+        ({"tool_choice": {"type": "any"}}, "tool_choice"),
+        ({"tools": [CLAUDE_TOOL], "tool_choice": {"type": "tool", "name": "g"}}, "tool_choice"),
+        ({"messages": [{"role": "user",
+                        "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]},
+         "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [{"type": "tool_result", "content": "x"}]}]},
+         "messages.0.content"),
+        ({"messages": [{"role": "assistant",
+                        "content": [{"type": "tool_use", "id": "t", "name": "f", "input": 3}]}]},
+         "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+         "messages.0.content"),
+    ],
+)  # fmt: skip
+def test_a_malformed_anthropic_agent_field_is_refused_naming_the_field(extra, param):
+    body = {**ANTHROPIC, "messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(errors.ProtocolValidationError) as refused:
+        AnthropicMessages().parse(body)
+    assert refused.value.param == param

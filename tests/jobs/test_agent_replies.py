@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -268,3 +269,93 @@ def test_a_progress_post_with_a_malformed_tool_call_piece_is_refused_400(live_st
     assert refused.status_code == 400, refused.text
     assert worker.submit("", tool_calls=[CALL]).status_code == 200
     assert _done(thread, out).choices[0].finish_reason == "tool_calls"
+
+
+ANTHROPIC_TOOLS = [
+    {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
+
+
+def _anthropic(url: str, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0, timeout=SDK_TIMEOUT_SECONDS)
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_the_anthropic_sdk_gets_a_tool_use_block_and_sends_its_tool_result_back(live_stack, agents):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="claude-agent", model=MODEL, tools=True)
+    worker.pop()
+    sdk = _anthropic(url, requester.api_key)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Oslo?"}]
+    thread, out = _in_thread(
+        lambda: sdk.messages.create(
+            model=MODEL,
+            max_tokens=64,
+            messages=messages,
+            tools=ANTHROPIC_TOOLS,
+            tool_choice={"type": "tool", "name": "get_weather"},
+        )
+    )
+    job = worker.pop_job()
+    assert job["payload"]["tools"][0]["function"]["parameters"] == ANTHROPIC_TOOLS[0]["input_schema"]
+    assert job["payload"]["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert worker.submit("Let me look.", tool_calls=[CALL]).status_code == 200
+    first = _done(thread, out)
+    assert first.stop_reason == "tool_use"
+    text, use = first.content
+    assert (text.type, text.text) == ("text", "Let me look.")
+    assert (use.type, use.id, use.name, use.input) == ("tool_use", "call_1", "get_weather", {"city": "Oslo"})
+
+    messages += [
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "12 C"}]},
+    ]
+    thread, out = _in_thread(
+        lambda: sdk.messages.create(model=MODEL, max_tokens=64, messages=messages, tools=ANTHROPIC_TOOLS)
+    )
+    job = worker.pop_job()
+    history = job["payload"]["messages"]
+    assert history[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city":"Oslo"}'}
+    assert history[1]["content"] == "Let me look."
+    assert history[2] == {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}
+    assert worker.submit("12 C in Oslo.").status_code == 200
+    final = _done(thread, out)
+    assert (final.stop_reason, final.content[0].text) == ("end_turn", "12 C in Oslo.")
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_the_anthropic_sdk_streams_a_tool_use_block_with_input_json_deltas(live_stack, agents):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="claude-streamer", model=MODEL, tools=True)
+    worker.pop()
+    sdk = _anthropic(url, requester.api_key)
+
+    def stream() -> tuple[list, Any]:
+        with sdk.messages.stream(
+            model=MODEL,
+            max_tokens=64,
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=ANTHROPIC_TOOLS,
+        ) as events:
+            seen = list(events)
+            return seen, events.get_final_message()
+
+    thread, out = _in_thread(stream)
+    worker.pop_job()
+    for delta, pieces in PIECES:
+        assert worker.progress(delta, tool_calls=pieces).status_code == 200
+    assert worker.submit("", tool_calls=[CALL]).status_code == 200
+    events, final = _done(thread, out)
+    types = [event.type for event in events]
+    assert "content_block_start" in types and "input_json" in types
+    starts = [event.content_block for event in events if event.type == "content_block_start"]
+    assert [block.type for block in starts] == ["text", "tool_use"]
+    assert (starts[1].id, starts[1].name) == ("call_1", "get_weather")
+    assert final.stop_reason == "tool_use"
+    assert final.content[-1].input == {"city": "Oslo"}
