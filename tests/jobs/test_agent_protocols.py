@@ -5,7 +5,7 @@ carries to its worker, and which replies are the worker's failure."""
 import pytest
 
 from hordeops import errors
-from jobs.protocols import AnthropicMessages, OpenAIChat, agents
+from jobs.protocols import AnthropicMessages, OpenAIChat, OpenAIResponses, agents
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TOOL = {
@@ -196,4 +196,61 @@ def test_a_malformed_anthropic_agent_field_is_refused_naming_the_field(extra, pa
     body = {**ANTHROPIC, "messages": [{"role": "user", "content": "hi"}], **extra}
     with pytest.raises(errors.ProtocolValidationError) as refused:
         AnthropicMessages().parse(body)
+    assert refused.value.param == param
+
+
+RESPONSES = {"model": "m"}
+
+
+def test_responses_function_tools_choice_and_text_format_are_carried_as_chat_completions():
+    call = OpenAIResponses().parse(
+        {
+            **RESPONSES,
+            "input": "hi",
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
+        }
+    )
+    assert call.params["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}
+    ]
+    assert call.params["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert call.params["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": {"type": "object"}},
+    }
+    assert call.needs == {"tools": "tools", "structured_outputs": "response_format"}
+
+
+def test_responses_function_call_items_in_a_row_are_one_assistant_turn_and_outputs_tool_messages():
+    items = [
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "b", "name": "g", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": "1"},
+        {"type": "function_call_output", "call_id": "b", "output": "2"},
+    ]
+    call = OpenAIResponses().parse({**RESPONSES, "input": items})
+    assert [m["role"] for m in call.messages] == ["user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in call.messages[1]["tool_calls"]] == ["a", "b"]
+    assert call.needs == {"tools": "messages"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools.0"),
+        ({"tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function", "name": "g"}},
+         "tool_choice"),
+        ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+        ({"text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "blob"}}}},
+         "text.format.schema"),
+        ({"input": [{"type": "function_call_output", "output": "1"}]}, "input.0"),
+        ({"input": [{"type": "function_call", "call_id": "a", "name": "f"}]}, "input.0"),
+    ],
+)  # fmt: skip
+def test_a_malformed_responses_agent_field_is_refused_naming_the_field(extra, param):
+    with pytest.raises(errors.ProtocolValidationError) as refused:
+        OpenAIResponses().parse({**RESPONSES, "input": "hi", **extra})
     assert refused.value.param == param

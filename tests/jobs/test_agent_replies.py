@@ -359,3 +359,95 @@ def test_the_anthropic_sdk_streams_a_tool_use_block_with_input_json_deltas(live_
     assert (starts[1].id, starts[1].name) == ("call_1", "get_weather")
     assert final.stop_reason == "tool_use"
     assert final.content[-1].input == {"city": "Oslo"}
+
+
+RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_the_responses_api_returns_a_function_call_item_and_takes_its_output_back(live_stack, agents):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="responses-agent", model=MODEL, tools=True)
+    worker.pop()
+    sdk = _sdk(url, requester.api_key)
+    thread, out = _in_thread(
+        lambda: sdk.responses.create(model=MODEL, input="Weather in Oslo?", tools=RESPONSES_TOOLS)
+    )
+    job = worker.pop_job()
+    assert job["payload"]["tools"] == TOOLS
+    assert worker.submit("", tool_calls=[CALL]).status_code == 200
+    first = _done(thread, out)
+    [call] = first.output
+    assert (call.type, call.call_id, call.name, call.arguments) == (
+        "function_call",
+        "call_1",
+        "get_weather",
+        CALL["function"]["arguments"],
+    )
+
+    history = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "12 C"},
+    ]
+    thread, out = _in_thread(
+        lambda: sdk.responses.create(model=MODEL, input=history, tools=RESPONSES_TOOLS, stream=True)
+    )
+    job = worker.pop_job()
+    assert job["payload"]["messages"][1:] == [
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 C"},
+    ]
+    assert worker.progress("12 C", tokens=2).status_code == 200
+    assert worker.submit("12 C in Oslo.").status_code == 200
+    events = list(_done(thread, out))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == "12 C in Oslo."
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_the_responses_api_streams_function_call_arguments(live_stack, agents):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="responses-streamer", model=MODEL, tools=True)
+    worker.pop()
+    sdk = _sdk(url, requester.api_key)
+    thread, out = _in_thread(
+        lambda: list(sdk.responses.create(model=MODEL, input="Weather?", tools=RESPONSES_TOOLS, stream=True))
+    )
+    worker.pop_job()
+    for delta, pieces in PIECES:
+        assert worker.progress(delta, tool_calls=pieces).status_code == 200
+    assert worker.submit("", tool_calls=[CALL]).status_code == 200
+    events = _done(thread, out)
+    added = [
+        e.item for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"
+    ]
+    assert [(item.call_id, item.name) for item in added] == [("call_1", "get_weather")]
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == done.arguments == CALL["function"]["arguments"]
+    final = events[-1].response
+    assert [item.type for item in final.output] == ["message", "function_call"]
+    assert final.output[1].arguments == CALL["function"]["arguments"]
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_the_responses_apis_text_format_holds_the_reply_to_its_schema(live_stack, agents):
+    [url] = live_stack.urls
+    requester, owner = agents
+    worker = ChatWorker(url, owner.api_key, name="responses-json", model=MODEL, structured_outputs=True)
+    worker.pop()
+    sdk = _sdk(url, requester.api_key)
+    text = {"format": {"type": "json_schema", "name": "weather", "schema": SCHEMA, "strict": True}}
+    thread, out = _in_thread(lambda: sdk.responses.create(model=MODEL, input="Weather?", text=text))
+    job = worker.pop_job()
+    assert job["payload"]["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "weather", "schema": SCHEMA, "strict": True},
+    }
+    assert worker.submit("not json").json()["rc"] == "ReplyBreaksJob"
+    worker.pop_job()
+    assert worker.submit('{"city": "Oslo", "degrees": 3}').status_code == 200
+    assert json.loads(_done(thread, out).output_text) == {"city": "Oslo", "degrees": 3}
