@@ -151,3 +151,17 @@ def test_create_reply_request_names_the_field_that_needs_the_missing_capability(
     with pytest.raises(errors.CapabilityNotServed) as refused:
         _queue(requester, {"tools": "tools", "structured_outputs": "response_format"})
     assert refused.value.param == "response_format"
+
+
+def test_v1_models_says_which_models_have_online_workers_for_tools_and_structured_output(requester, owner):
+    _pop(owner, "plain")
+    owner.pop("json-worker", models=["json-model"], chat=True, structured_outputs=True)
+    owner.pop("agent-worker", models=["json-model", MODEL], chat=True, tools=True)
+    listed = requester.client.get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {requester.api_key}").json()
+    parameters = {model["id"]: model["supported_parameters"] for model in listed["data"]}
+    assert "tools" in parameters[MODEL] and "response_format" not in parameters[MODEL]
+    assert {"tools", "tool_choice", "response_format", "structured_outputs"} <= set(parameters["json-model"])
+    Worker.objects.filter(name="agent-worker").update(left_at=Worker.objects.get(name="plain").last_pop_at)
+    listed = requester.client.get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {requester.api_key}").json()
+    parameters = {model["id"]: model["supported_parameters"] for model in listed["data"]}
+    assert "tools" not in parameters[MODEL]  # its tool worker said goodbye
