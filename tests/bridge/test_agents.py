@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import jsonschema
 import openai
 import pytest
@@ -173,3 +174,31 @@ def test_a_request_with_tools_for_a_model_whose_only_worker_declares_none_is_ref
         model=PLAIN_MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
     )
     assert plain.choices[0].message.content
+
+
+def test_the_anthropic_sdk_gets_a_tool_use_block_from_the_engine(agent_bridge, stack, accounts):
+    sdk = anthropic.Anthropic(base_url=stack.url, api_key=accounts["requester"], max_retries=0, timeout=60)
+    tool = {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}
+    answer = sdk.messages.create(
+        model=MODEL,
+        max_tokens=48,
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    assert answer.stop_reason == "tool_use"
+    use = answer.content[-1]
+    assert use.type == "tool_use" and use.name == "get_weather" and use.input["city"] in CITIES
+
+
+def test_the_responses_api_gets_a_function_call_from_the_engine(agent_bridge, sdk):
+    tool = {"type": "function", "name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}
+    answer = sdk.responses.create(
+        model=MODEL,
+        input="Weather?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=48,
+    )
+    [call] = [item for item in answer.output if item.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments)["city"] in CITIES
