@@ -271,11 +271,19 @@ def rest_of_calls(streamed: dict[int, dict[str, Any]], calls: list[dict[str, Any
 
 def check_reply(params: dict[str, Any], text: str, calls: list[dict[str, Any]]) -> None:
     """Raise BadReply where a reply breaks its job: a call of a function not offered, or
-    whose arguments are not a JSON object (or break a strict function's schema); a reply whose
+    whose arguments are not a JSON object (or break a strict function's schema); no call where
+    `tool_choice` required one, a call of another function than the one it named; a reply whose
     job asked for JSON that is not JSON (an object for json_object), or breaks the schema."""
     tools = {tool["function"]["name"]: tool["function"] for tool in params.get("tools") or []}
     if calls and not tools:
         raise BadReply("The reply calls tools, but the job offered none.")
+    choice = params.get("tool_choice")
+    if tools and choice not in (None, "auto", "none") and not calls:
+        raise BadReply("The job's tool_choice required a tool call, and the reply made none.")
+    if isinstance(choice, dict) and any(
+        call["function"]["name"] != choice["function"]["name"] for call in calls
+    ):
+        raise BadReply("The job's tool_choice named one function, and the reply called another.")
     for call in calls:
         function = tools.get(call["function"]["name"])
         if function is None:

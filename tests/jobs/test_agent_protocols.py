@@ -102,6 +102,8 @@ def test_a_reply_with_calls_of_offered_functions_and_json_object_arguments_is_ac
     agents.check_reply(PARAMS, "", _call('{"x": 1}'))
     agents.check_reply(PARAMS, "Some text beside.", _call("{}"))
     agents.check_reply({"response_format": {"type": "json_object"}}, '{"a": [1]}', [])
+    agents.check_reply({**PARAMS, "tool_choice": "auto"}, "No call needed.", [])
+    agents.check_reply({**PARAMS, "tool_choice": "required"}, "", _call("{}"))
 
 
 @pytest.mark.parametrize(
@@ -112,6 +114,10 @@ def test_a_reply_with_calls_of_offered_functions_and_json_object_arguments_is_ac
         (PARAMS, "", _call('{"x": "one"}')),  # breaks a strict function's parameters
         (PARAMS, "", _call("{}", name="g")),  # a function the job did not offer
         ({}, "", _call("{}")),  # a job that offered no tools
+        ({**PARAMS, "tool_choice": "required"}, "No call.", []),
+        ({**PARAMS, "tool_choice": {"type": "function", "function": {"name": "f"}}}, "", []),
+        ({"tools": PARAMS["tools"] + [{"type": "function", "function": {"name": "g"}}],
+          "tool_choice": {"type": "function", "function": {"name": "f"}}}, "", _call("{}", name="g")),
         ({"response_format": {"type": "json_object"}}, "Sure! {}", []),
         ({"response_format": {"type": "json_object"}}, "[1, 2]", []),
         ({"response_format": {"type": "json_schema",
