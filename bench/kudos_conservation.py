@@ -155,6 +155,8 @@ def run(seconds: float, threads: int) -> dict:
                 threads=1,
                 nsfw=False,
                 chat=False,
+                tools=False,
+                structured_outputs=False,
                 bridge_agent="AI Horde Worker:1:bench",
                 wait_seconds=0,
             ),

@@ -67,6 +67,7 @@ def _start(
         "deadline_at": deadline_at,
         "shared_key": shared_key,
         "n": call.n,
+        "needs": call.needs,
     }
     text_request = services.create_reply_request(prompt=call.prompt, messages=call.messages, **reply)
     return call, text_request, budget

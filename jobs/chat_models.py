@@ -28,11 +28,29 @@ def _protocol(request: HttpRequest) -> ChatProtocol:
     return PROTOCOLS["/v1/messages" if _is_anthropic(request) else "/v1/chat/completions"]
 
 
-def _openai(model: str, created: datetime) -> dict[str, Any]:
-    return {"id": model, "object": "model", "created": int(created.timestamp()), "owned_by": OWNED_BY}
+# What a model's online workers take, in OpenRouter's `supported_parameters` names, by the
+# capability a worker declares: an agent framework reads them to pick a model that can serve it.
+PARAMETERS = {
+    "tools": ("tools", "tool_choice", "parallel_tool_calls"),
+    "structured_outputs": ("response_format", "structured_outputs"),
+}
+BASE_PARAMETERS = ("max_tokens", "temperature", "top_p", "stop", "seed")
 
 
-def _anthropic(model: str, created: datetime) -> dict[str, Any]:
+def _openai(model: str, served: tuple[datetime, frozenset[str]]) -> dict[str, Any]:
+    created, capabilities = served
+    parameters = [*BASE_PARAMETERS, *(p for name in sorted(capabilities) for p in PARAMETERS[name])]
+    return {
+        "id": model,
+        "object": "model",
+        "created": int(created.timestamp()),
+        "owned_by": OWNED_BY,
+        "supported_parameters": parameters,
+    }
+
+
+def _anthropic(model: str, served: tuple[datetime, frozenset[str]]) -> dict[str, Any]:
+    created, _ = served
     return {
         "type": "model",
         "id": model,
@@ -62,7 +80,7 @@ def _anthropic_page(request: HttpRequest, entries: list[dict[str, Any]]) -> dict
     }
 
 
-def _served(request: HttpRequest) -> dict[str, datetime]:
+def _served(request: HttpRequest) -> dict[str, tuple[datetime, frozenset[str]]]:
     if request.method != "GET":
         raise errors.MethodNotAllowed(allowed=("GET",))
     chat_caller(request)

@@ -12,9 +12,9 @@ The speed gate (docs/reference/worker_protocol.md):
     3. it cannot finish even within its cap.
   A legacy text job puts every worker in tier 1: the gate does not apply to it.
 - A worker is offered a job when it passes the job's plain filters (model, lengths, trust,
-  named or blocked workers, slow workers, maintenance, chat) and no worker of a better tier
-  that passes them too is online. So the fallback is ordered: tier 2 only when no tier 1 is
-  online, tier 3 only when neither is.
+  named or blocked workers, slow workers, maintenance, chat, the capabilities the job needs)
+  and no worker of a better tier that passes them too is online. So the fallback is ordered:
+  tier 2 only when no tier 1 is online, tier 3 only when neither is.
 
 The rule is written once, as SQL over a request row `r` and a worker row `w` with its account
 `wa`. The pop evaluates it for one worker across the queue; the status evaluates it for one
@@ -30,6 +30,7 @@ from django.conf import settings
 
 from jobs.models import TextRequest
 from workers.capacity import ONLINE_SQL, generating_seconds, lease_window_seconds, online_since
+from workers.declaration import CAPABILITIES
 from workers.models import Account, Worker
 
 TEXT = TextRequest.Kind.TEXT.value  # a legacy text job: the gate does not apply
@@ -61,6 +62,11 @@ def tier_sql(r: str, w: str, wa: str) -> str:
     )
 
 
+def capable_sql(r: str, w: str) -> str:
+    """Does worker `w` declare every capability request `r` needs (tools, structured output)?"""
+    return " AND ".join(f"(NOT {r}.needs_{name} OR {w}.{name})" for name in CAPABILITIES)
+
+
 def _filters(r: str, w: str, wa: str, *, shape: str = "") -> list[tuple[str | None, str]]:
     """The plain filters, each with the AI Horde's name for a request it passes over (None:
     one the AI Horde does not report, maintenance, or a kind the worker does not see).
@@ -78,6 +84,13 @@ def _filters(r: str, w: str, wa: str, *, shape: str = "") -> list[tuple[str | No
     fast = f"coalesce({w}.speed, %(unmeasured)s) >= %(slow_floor)s"
     named = f"({w}.id = ANY({r}.allowed_workers))"
     slow = {"": f"({r}.slow_workers OR {fast})", "popper": "true", "better": fast}[shape]
+    # A shape does not say what its requests need: the popper may be offered some of them, and
+    # a worker gates them all only when it declares every capability.
+    capable = {
+        "": capable_sql(r, w),
+        "popper": "true",
+        "better": " AND ".join(f"{w}.{name}" for name in CAPABILITIES),
+    }[shape]
     filters = [
         ("max_length", f"{r}.max_length <= {w}.max_length"),
         ("max_context_length", f"{r}.max_context_length <= {w}.max_context_length"),
@@ -87,6 +100,7 @@ def _filters(r: str, w: str, wa: str, *, shape: str = "") -> list[tuple[str | No
         ("performance", slow),
         (None, maintenance),
         (None, f"({r}.kind = '{TEXT}' OR {w}.chat)"),
+        (None, capable),
     ]
     return [(reason, condition) for reason, condition in filters if not (shape and reason == "worker_id")]
 

@@ -9,8 +9,10 @@ white space: the preflight); a later one at its first output. From then on that 
 output is its choice's, and its abort faults the request (no fallback after commit).
 """
 
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 from hordeops import asyncdb, errors
@@ -31,6 +33,15 @@ class Output:
     model: str = ""  # the model that serves it, once known (a fallback's, maybe)
     index: int = 0  # the choice a delta or a done belongs to
     final: bool = False  # nothing follows: every choice is done, or the request failed
+    # Done: the reply's tool calls (`jobs.protocols.agents`); a delta: its pieces of them
+    # (`{"index", "id", "function": {"name", "arguments"}}`, OpenAI's stream form).
+    tool_calls: tuple[dict[str, Any], ...] = ()
+
+
+def _calls(event: relay.Event) -> tuple[dict[str, Any], ...]:
+    """An event's tool calls or pieces of them, written by the horde itself as JSON."""
+    raw = event.fields.get("tool_calls")
+    return tuple(json.loads(raw)) if raw else ()
 
 
 class Follower:
@@ -67,13 +78,14 @@ class Follower:
                     if output is None:
                         continue
                     return output
-                return Output("delta", text=event.text, index=index)
+                return Output("delta", text=event.text, index=index, tool_calls=_calls(event))
             elif event.type == relay.DONE:
                 index = self.choices.get(event.generation)
+                calls = _calls(event)
                 if index is None:
                     if len(self.choices) >= self.n:
                         continue  # no choice left for it (not expected: at most n run)
-                    if not self.choices and self.stream and not event.text.strip():
+                    if not self.choices and self.stream and not event.text.strip() and not calls:
                         raise errors.UpstreamStreamInvalid("The job ended before any output.")
                     # Done whole: nothing can take it back, so it needs no commitment.
                     self._held.pop(event.generation, None)
@@ -88,6 +100,7 @@ class Follower:
                     index=index,
                     final=len(self.ended) >= self.n,
                     model=event.fields.get("model", ""),
+                    tool_calls=calls,
                 )
             elif event.type == relay.FAILED:
                 code = event.fields.get("code", "")
@@ -106,7 +119,8 @@ class Follower:
             return None  # not expected: at most n generations run
         held = self._held.setdefault(event.generation, [])
         held.append(event.text)
-        if not self.choices and not event.text.strip():
+        calls = _calls(event)  # a piece of a tool call is output too
+        if not self.choices and not event.text.strip() and not calls:
             if (
                 len(held) >= self.PREFLIGHT_EVENTS
                 or sum(len(t.encode()) for t in held) >= self.PREFLIGHT_BYTES
@@ -120,7 +134,8 @@ class Follower:
             self._held.pop(event.generation, None)
             return None  # aborted meanwhile: its job is restarting
         index = self.choices[event.generation] = len(self.choices)
-        return Output("delta", text="".join(self._held.pop(event.generation)), index=index, model=model)
+        text = "".join(self._held.pop(event.generation))
+        return Output("delta", text=text, index=index, model=model, tool_calls=calls)
 
     async def close(self) -> None:
         await self._events.aclose()

@@ -68,7 +68,8 @@ SINCE_KEY = "hordeops:leases-since"
 # KEYS: lease hash, relay stream, metrics hash, this minute's metrics hash, SINCE_KEY, the
 #       request's followed key.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
-#       key ttl, tokens, minute hash ttl, output limit (bytes), output relayed (bytes, the row's).
+#       key ttl, tokens, minute hash ttl, output limit (bytes), output relayed (bytes, the row's),
+#       tool-call pieces (JSON, "" for none: output as the delta is, relayed beside it).
 # Returns {outcome, lease_end, last_seq, output_len} (output_len only where the delta was
 # relayed); outcome is one of granted, at_cap, not_renewed, lapsed, retry, gap, dead, too_long
 # (the delta would take the output past its limit: it is neither relayed nor counted, and its
@@ -119,19 +120,24 @@ end
 if seq > last + 1 then
   return {'{GAP}', state[3], last}
 end
-if (tonumber(state[5]) or 0) + string.len(delta) > tonumber(ARGV[13]) then
+local calls = ARGV[15]
+if (tonumber(state[5]) or 0) + string.len(delta) + string.len(calls) > tonumber(ARGV[13]) then
   return {'{TOO_LONG}', state[3], last}
 end
 redis.call('HSET', lease, 'last_seq', seq)
 if ARGV[11] ~= '' then
   redis.call('HSET', lease, 'tokens', ARGV[11])
 end
-if delta == '' then
+if delta == '' and calls == '' then
   return {'{NOT_RENEWED}', state[3], seq}
 end
-local relayed = redis.call('HINCRBY', lease, 'output_len', string.len(delta))
-relay_append(relay, tonumber(ARGV[10]),
-             {'type', 'delta', 'generation', ARGV[9], 'seq', ARGV[2], 'text', delta})
+local relayed = redis.call('HINCRBY', lease, 'output_len', string.len(delta) + string.len(calls))
+local fields = {'type', 'delta', 'generation', ARGV[9], 'seq', ARGV[2], 'text', delta}
+if calls ~= '' then
+  fields[#fields + 1] = 'tool_calls'
+  fields[#fields + 1] = calls
+end
+relay_append(relay, tonumber(ARGV[10]), fields)
 if now > lease_end then
   return {'{LAPSED}', state[3], seq, relayed}
 end
@@ -192,7 +198,9 @@ class Renewal:
         return max(0, math.floor(self.lease_end - now.timestamp()))
 
 
-def renew(generation: Generation, *, seq: int, delta: str, tokens: int | None, now: datetime) -> Renewal:
+def renew(
+    generation: Generation, *, seq: int, delta: str, tokens: int | None, now: datetime, calls: str = ""
+) -> Renewal:
     """Decide one progress post on `generation` (its request loaded) and write what it moved.
 
     The script checks the seq, relays the delta and moves the lease end in Redis; a granted
@@ -224,6 +232,7 @@ def renew(generation: Generation, *, seq: int, delta: str, tokens: int | None, n
             metrics.MINUTE_KEY_TTL_SECONDS,
             generation.request.output_limit_bytes,
             generation.relayed_bytes,
+            calls,
         ],
     )
     renewal = Renewal(outcome=Outcome(outcome.decode()), lease_end=float(lease_end), last_seq=int(last_seq))

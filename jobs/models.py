@@ -119,6 +119,10 @@ class TextRequest(models.Model):
     # history it holds; then anyone is.
     preferred_worker = models.UUIDField(null=True, blank=True)
     preferred_until = models.DateTimeField(null=True, blank=True)
+    # What its worker's model server must support (`workers.declaration.CAPABILITIES`): a
+    # chat that sends tools, or asks for a JSON reply (`response_format`).
+    needs_tools = models.BooleanField(default=False, db_default=False)
+    needs_structured_outputs = models.BooleanField(default=False, db_default=False)
 
     objects = TextRequestQuerySet.as_manager()
 

@@ -28,7 +28,7 @@ from jobs import cancellations, services
 from jobs.deadlines import Budget
 from jobs.follower import Follower, Output
 from jobs.models import Ending, TextRequest
-from jobs.protocols import ChatCall, ChatProtocol, Choice, Reply, Usage
+from jobs.protocols import ChatCall, ChatProtocol, Choice, Reply, Usage, agents
 
 T = TypeVar("T")
 
@@ -103,6 +103,7 @@ class Exchange:
             await self._outputs.aclose()
             usage = self._usage(done)
             if self.reply.n == 1:
+                self.reply.tool_calls = list(first.tool_calls)
                 whole = self.protocol.response(self.reply, first.text, first.finish_reason, usage)
                 return JsonResponse(whole)
             choices = [Choice(o.text, o.finish_reason) for o in sorted(done, key=lambda o: o.index)]
@@ -165,8 +166,12 @@ class Exchange:
             while True:
                 if output.kind == "delta":
                     streamed.setdefault(output.index, []).append(output.text)
-                    for chunk in self.protocol.stream_delta(self.reply, output.text, output.index):
-                        yield chunk
+                    if output.text:  # a delta may hold only pieces of tool calls
+                        for chunk in self.protocol.stream_delta(self.reply, output.text, output.index):
+                            yield chunk
+                    if output.tool_calls:
+                        for chunk in self.protocol.stream_tool_calls(self.reply, list(output.tool_calls)):
+                            yield chunk
                 elif output.kind == "done":
                     done.append(output)
                     for chunk in self._choice_end(output, streamed="".join(streamed.get(output.index, ()))):
@@ -196,5 +201,10 @@ class Exchange:
         rest = output.text[len(streamed) :] if output.text.startswith(streamed) else ""
         if rest:
             yield from self.protocol.stream_delta(self.reply, rest, output.index)
+        if output.tool_calls:  # tools are served with one choice only (the protocols' parse)
+            self.reply.tool_calls = list(output.tool_calls)
+            calls = agents.rest_of_calls(self.reply.streamed_calls, self.reply.tool_calls)
+            if calls:
+                yield from self.protocol.stream_tool_calls(self.reply, calls)
         if self.reply.n > 1:
             yield from self.protocol.stream_choice_end(self.reply, output.index, output.finish_reason)

@@ -264,6 +264,13 @@ class PopInput(HotInput):
     bridge_agent = StrictCharField(max_length=1000, default="unknown:0:unknown")
     amount = _int(1, 20, default=1)
     chat = StrictBooleanField(default=False)
+    tools = StrictBooleanField(
+        default=False, help_text="The worker's model server takes OpenAI `tools` and answers tool calls."
+    )
+    structured_outputs = StrictBooleanField(
+        default=False,
+        help_text="The worker's model server holds a reply to a `response_format` (JSON, a schema).",
+    )
     wait_seconds = StrictFloatField(
         min_value=0,
         max_value=MAX_WAIT_SECONDS,
@@ -305,6 +312,9 @@ class SubmitInput(HotInput):
     state = serializers.ChoiceField(choices=["ok", "censored", "faulted", "csam"], default="ok")
     seed = _int(-(2**63), 2**63 - 1, default=0)
     gen_metadata = serializers.ListField(child=serializers.DictField(), max_length=50, default=list)
+    # hordeops's own: the reply's tool calls, OpenAI's `{"id", "type", "function": {"name",
+    # "arguments"}}`, for a job that offered tools (docs/reference/worker_protocol.md).
+    tool_calls = serializers.ListField(child=serializers.DictField(), max_length=128, required=False)
 
     @staticmethod
     def built(valid: dict) -> dict[str, Any]:
@@ -315,6 +325,7 @@ class SubmitInput(HotInput):
             "state": valid["state"],
             "seed": valid["seed"],
             "gen_metadata": valid["gen_metadata"],
+            "tool_calls": valid.get("tool_calls"),
         }
 
 
@@ -323,6 +334,9 @@ class ProgressInput(HotInput):
     seq = _int(1, 10_000_000)
     delta = StrictCharField(allow_blank=True, trim_whitespace=False, max_length=1_000_000)
     tokens = _int(0, 10_000_000, required=False, allow_null=True)
+    # hordeops's own: pieces of the reply's tool calls, OpenAI's stream form `{"index", "id",
+    # "function": {"name", "arguments"}}` (docs/reference/worker_protocol.md).
+    tool_calls = serializers.ListField(child=serializers.DictField(), max_length=128, required=False)
 
     @staticmethod
     def built(valid: dict) -> dict[str, Any]:
@@ -332,6 +346,7 @@ class ProgressInput(HotInput):
             "seq": valid["seq"],
             "delta": valid["delta"],
             "tokens": valid.get("tokens"),
+            "tool_calls": valid.get("tool_calls"),
         }
 
 

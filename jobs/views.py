@@ -23,7 +23,7 @@ from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
 from workers import messages, modes, shared_keys
-from workers.declaration import WorkerDeclaration
+from workers.declaration import CAPABILITIES, WorkerDeclaration
 from workers.services import authenticate
 
 # 429: the rate limits, on every route but the worker routes (there: a bad key's only).
@@ -268,6 +268,7 @@ async def _answer_waiting(
         max_length=declaration.max_length,
         max_context_length=declaration.max_context_length,
         worker_id=str(worker_id or ""),
+        capabilities=frozenset(name for name in CAPABILITIES if getattr(declaration, name)),
     )
     client_gone = asyncio.ensure_future(waits.client_left(receive))
     try:

@@ -39,6 +39,7 @@ from django_redis import get_redis_connection
 from hordeops import asyncdb, clock
 from jobs.models import TextRequest
 from jobs.relay_hub import _async_redis
+from workers.declaration import CAPABILITIES
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class Offer:
     # seconds, then anyone's; "" for any other request.
     worker: str = ""
     open_after: float = 0.0
+    # The capabilities its worker must declare (`workers.declaration.CAPABILITIES`).
+    needs: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, request: TextRequest) -> "Offer":
@@ -86,6 +89,7 @@ class Offer:
             jobs=request.queued,
             worker=str(request.preferred_worker) if preferred else "",
             open_after=open_after if preferred else 0.0,
+            needs=tuple(name for name in CAPABILITIES if getattr(request, f"needs_{name}")),
         )
 
 
@@ -102,7 +106,16 @@ def publish(offers: list[Offer]) -> None:
         return
     messages = [
         json.dumps(
-            [list(o.models), o.chat, o.max_length, o.max_context_length, o.jobs, o.worker, o.open_after]
+            [
+                list(o.models),
+                o.chat,
+                o.max_length,
+                o.max_context_length,
+                o.jobs,
+                o.worker,
+                o.open_after,
+                list(o.needs),
+            ]
         )
         for o in offers
     ]
@@ -120,7 +133,7 @@ def publish(offers: list[Offer]) -> None:
 
 
 def _parsed(data: bytes) -> Offer:
-    models, chat, max_length, max_context_length, jobs, worker, open_after = json.loads(data)
+    models, chat, max_length, max_context_length, jobs, worker, open_after, *needs = json.loads(data)
     return Offer(
         tuple(models),
         bool(chat),
@@ -129,6 +142,7 @@ def _parsed(data: bytes) -> Offer:
         int(jobs),
         str(worker),
         float(open_after),
+        tuple(str(name) for name in needs[0]) if needs else (),  # a process not yet upgraded sends none
     )
 
 
@@ -144,6 +158,7 @@ class Waiter:
     max_length: int
     max_context_length: int
     worker_id: str = ""  # the waiting worker's: a conversation's next turn may be its alone
+    capabilities: frozenset[str] = frozenset()  # what it declares (`CAPABILITIES`)
     order: int = field(default_factory=lambda: next(_order))
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False  # its hub failed or stops: pop once more and answer
@@ -155,6 +170,7 @@ class Waiter:
             and offer.max_length <= self.max_length
             and offer.max_context_length <= self.max_context_length
             and (not offer.worker or offer.worker == self.worker_id)
+            and self.capabilities.issuperset(offer.needs)
         )
 
 

@@ -655,9 +655,17 @@ class ChatWorker:
         model: str,
         max_length: int = 16384,
         max_context_length: int = 32768,
+        tools: bool = False,
+        structured_outputs: bool = False,
     ) -> None:
         self.name = name
         self.model = model
+        # Sent only when declared: a pop without them is the one every worker sent before.
+        self.capabilities = {
+            name: True
+            for name, declared in (("tools", tools), ("structured_outputs", structured_outputs))
+            if declared
+        }
         self.max_length = max_length
         self.max_context_length = max_context_length
         self.http = httpx.Client(base_url=base_url, headers={"apikey": api_key}, timeout=30)
@@ -679,6 +687,7 @@ class ChatWorker:
                 "max_length": self.max_length,
                 "max_context_length": self.max_context_length,
                 "chat": True,
+                **self.capabilities,
             },
         )
         assert response.status_code == 200, response.text
@@ -698,12 +707,14 @@ class ChatWorker:
                 raise TimeoutError(f"{self.name} found no job within {timeout} s")
             time.sleep(0.05)
 
-    def progress(self, delta: str, *, seq: int | None = None, tokens: int | None = None) -> httpx.Response:
+    def progress(
+        self, delta: str, *, seq: int | None = None, tokens: int | None = None, **extra: Any
+    ) -> httpx.Response:
         """Post the next seq (or a given one, to retry); the answer is not checked."""
         if seq is None:
             self.seq += 1
             seq = self.seq
-        body: dict[str, Any] = {"id": self.id, "seq": seq, "delta": delta}
+        body: dict[str, Any] = {"id": self.id, "seq": seq, "delta": delta, **extra}
         if tokens is not None:
             body["tokens"] = tokens
         return self.http.post("/api/v2/generate/text/progress", json=body)

@@ -50,6 +50,8 @@ def check_in_worker(
         "nsfw": declaration.nsfw,
         "chat": declaration.chat,
         "bridge_agent": declaration.bridge_agent,
+        "tools": declaration.tools,
+        "structured_outputs": declaration.structured_outputs,
         "now": now,
         "fresh_since": check_in_fresh_since(now),
         "worker_limit_trusted": settings.WORKER_LIMIT_TRUSTED,

@@ -2,6 +2,10 @@
 
 from dataclasses import dataclass
 
+# What a worker may declare its model server supports, each a pop field, a worker column and
+# (with `needs_`) a request column: a request that needs one goes only to workers declaring it.
+CAPABILITIES = ("tools", "structured_outputs")
+
 
 @dataclass(frozen=True)
 class WorkerDeclaration:
@@ -19,5 +23,9 @@ class WorkerDeclaration:
     nsfw: bool
     chat: bool
     bridge_agent: str
+    # What its model server can do beyond plain chat (`CAPABILITIES`): tool calls, output
+    # constrained to a JSON schema. A worker that declares nothing is never offered such a job.
+    tools: bool
+    structured_outputs: bool
     amount: int
     wait_seconds: float  # how long the pop may wait for a job (jobs.waits); 0: not at all

@@ -172,14 +172,21 @@ class WorkerQuerySet(models.QuerySet["Worker"]):
             .filter(window_tokens__lt=F("max_length"))
         )
 
-    def chat_models(self, now: datetime) -> dict[str, datetime]:
+    def chat_models(self, now: datetime) -> dict[str, tuple[datetime, frozenset[str]]]:
         """The models online chat workers serve now, sorted, each with when the first of those
-        workers was created: what the `/v1` routes offer."""
+        workers was created and the capabilities (`tools`, `structured_outputs`) at least one
+        of them declares: what the `/v1` routes offer."""
         first: dict[str, datetime] = {}
-        for served, created_at in self.online_chat(now).values_list("served_models", "created_at"):
+        capable: dict[str, set[str]] = {}
+        rows = self.online_chat(now).values_list("served_models", "created_at", "tools", "structured_outputs")
+        for served, created_at, tools, structured in rows:
             for model in served:
                 first[model] = min(first.get(model, created_at), created_at)
-        return dict(sorted(first.items()))
+                declared = capable.setdefault(model, set())
+                declared.update(
+                    name for name, on in (("tools", tools), ("structured_outputs", structured)) if on
+                )
+        return {model: (first[model], frozenset(capable[model])) for model in sorted(first)}
 
 
 class Worker(models.Model):
@@ -202,6 +209,10 @@ class Worker(models.Model):
     threads = models.PositiveSmallIntegerField(default=1)
     nsfw = models.BooleanField(default=False)
     chat = models.BooleanField(default=False)
+    # What its model server can do beyond plain chat, declared at each pop (`CAPABILITIES`):
+    # a chat job that needs one is offered only to workers that declare it (`jobs.eligibility`).
+    tools = models.BooleanField(default=False, db_default=False)
+    structured_outputs = models.BooleanField(default=False, db_default=False)
     bridge_agent = models.CharField(max_length=1000, default="unknown:0:unknown")
     # The client address of its last pop, as the limits count it (an IPv6 address by its /64):
     # workers of untrusted accounts from one address are limited (WORKER_LIMIT_PER_ADDRESS).

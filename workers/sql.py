@@ -45,10 +45,21 @@ def spend_shared_key() -> str:
 
 
 # What a worker declares at each pop, and the same as the statement's typed parameters.
-DECLARED = ("served_models", "max_length", "max_context_length", "threads", "nsfw", "chat", "bridge_agent")
+DECLARED = (
+    "served_models",
+    "max_length",
+    "max_context_length",
+    "threads",
+    "nsfw",
+    "chat",
+    "bridge_agent",
+    "tools",
+    "structured_outputs",
+)
 _DECLARED_NOW = (
     "%(served_models)s::varchar[], %(max_length)s::integer, %(max_context_length)s::integer, "
-    "%(threads)s::smallint, %(nsfw)s::boolean, %(chat)s::boolean, %(bridge_agent)s::varchar"
+    "%(threads)s::smallint, %(nsfw)s::boolean, %(chat)s::boolean, %(bridge_agent)s::varchar, "
+    "%(tools)s::boolean, %(structured_outputs)s::boolean"
 )
 
 

@@ -58,6 +58,10 @@ class Config:
     grace_seconds: float = 30.0
     once: bool = False
     verbose: bool = False
+    # What the backend can do beyond plain chat, declared at each pop: the horde then offers
+    # this worker jobs with tools, and jobs that ask for JSON (`response_format`).
+    tools: bool = False
+    structured_outputs: bool = False
 
     @property
     def bridge_agent(self) -> str:
@@ -119,6 +123,18 @@ OPTIONS = [
     Option(
         "grace_seconds", "HORDE_GRACE_SECONDS", kind=float, help="SIGTERM: seconds jobs may finish in (30)"
     ),
+    Option(
+        "tools",
+        "HORDE_TOOLS",
+        kind=bool,
+        help="the backend answers tool calls (OpenAI `tools`): take jobs that send them",
+    ),
+    Option(
+        "structured_outputs",
+        "HORDE_STRUCTURED_OUTPUTS",
+        kind=bool,
+        help="the backend holds a reply to a JSON schema (`response_format`): take jobs that ask for one",
+    ),
 ]
 
 
@@ -131,6 +147,11 @@ def parser() -> argparse.ArgumentParser:
     for option in OPTIONS:
         names = [option.short] if option.short else []
         names.append(f"--{option.name}")
+        if option.kind is bool:  # a flag; its variable is true when it says 1, true, yes or on
+            parser.add_argument(
+                *names, action="store_true", default=None, help=f"{option.help} [{option.env}]"
+            )
+            continue
         parser.add_argument(*names, type=option.kind, default=None, help=f"{option.help} [{option.env}]")
     parser.add_argument("--config", default=None, help="a YAML file of these options [HORDE_CONFIG]")
     parser.add_argument("--once", action="store_true", default=None, help="serve one job, then exit")
@@ -187,6 +208,8 @@ def load(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     if backend not in BACKENDS:
         raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     values.setdefault("backend_url", DEFAULT_BACKEND_URLS[backend])
+    if backend == "kobold" and (values.get("tools") or values.get("structured_outputs")):
+        raise ConfigError("--tools and --structured_outputs need an OpenAI-compatible backend, not kobold")
     for name in ("threads", "progress_tokens"):
         if values.get(name, 1) < 1:
             raise ConfigError(f"--{name} must be at least 1")

@@ -112,8 +112,18 @@ class Horde:
     async def progress(self, body: dict[str, Any]) -> Answer:
         return await self.post("generate/text/progress", body)
 
-    async def submit(self, job_id: str, text: str, *, state: str = "ok", seed: int = 0) -> Answer:
-        body = {"id": job_id, "generation": text, "state": state, "seed": seed}
+    async def submit(
+        self,
+        job_id: str,
+        text: str,
+        *,
+        state: str = "ok",
+        seed: int = 0,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> Answer:
+        body: dict[str, Any] = {"id": job_id, "generation": text, "state": state, "seed": seed}
+        if tool_calls:  # hordeops's own field: a reply without calls is the AI Horde's submit
+            body["tool_calls"] = tool_calls
         return await self.post("generate/text/submit", body)
 
     async def goodbye(self, name: str) -> Answer:

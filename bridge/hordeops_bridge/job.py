@@ -61,6 +61,9 @@ class Request:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     fitted: str = ""  # how the context was made to fit, when it had to be ("" when it fitted)
+    # An agent's fields, in OpenAI's form as the horde sends them: tools, tool_choice,
+    # parallel_tool_calls, response_format (only to a worker that declared them).
+    agent: dict[str, Any] = field(default_factory=dict)
 
 
 class DoesNotFit(Exception):
@@ -68,8 +71,19 @@ class DoesNotFit(Exception):
 
 
 # The payload keys that are not sampling knobs.
+AGENT = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
 NOT_SAMPLING = frozenset(
-    {"prompt", "messages", "n", "max_length", "max_context_length", "stop_sequence", "seed", "sampler_seed"}
+    {
+        "prompt",
+        "messages",
+        "n",
+        "max_length",
+        "max_context_length",
+        "stop_sequence",
+        "seed",
+        "sampler_seed",
+        *AGENT,
+    }
 )
 
 
@@ -84,6 +98,7 @@ def request_for(job: Job) -> Request:
         sampling={key: value for key, value in payload.items() if key not in NOT_SAMPLING},
         stop=list(payload.get("stop_sequence") or []),
         seed=int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None,
+        agent={key: payload[key] for key in AGENT if payload.get(key) is not None} if job.is_chat else {},
     )
 
 

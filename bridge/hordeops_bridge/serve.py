@@ -70,6 +70,9 @@ class Progress:
     verbose: bool = False
     acked: list[str] = field(default_factory=list)  # seq i + 1 is acked[i]
     pending: list[str] = field(default_factory=list)
+    # Tool-call pieces, as the text beside them: acked_calls[i] went with seq i + 1.
+    acked_calls: list[list[dict[str, Any]]] = field(default_factory=list)
+    pending_calls: list[dict[str, Any]] = field(default_factory=list)
     pending_tokens: int = 0
     tokens: int = 0
     lease: str = "granted"
@@ -81,8 +84,9 @@ class Progress:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, delta: Delta) -> None:
-        if delta.text:
+        if delta.text or delta.tool_calls:
             self.pending.append(delta.text)
+            self.pending_calls.extend(delta.tool_calls)
             self.pending_tokens += max(1, delta.tokens - self.tokens)
         self.tokens = max(self.tokens, delta.tokens)
         self._changed.set()
@@ -119,7 +123,9 @@ class Progress:
                     "delta": "".join(self.pending),
                     "tokens": self.tokens,
                 }
-                self.pending, self.pending_tokens = [], 0
+                if self.pending_calls:  # hordeops's own field, only when there are pieces
+                    in_flight["tool_calls"] = merged(self.pending_calls)
+                self.pending, self.pending_tokens, self.pending_calls = [], 0, []
             self.last_post = time.monotonic()
             if not self.enabled:
                 return
@@ -136,6 +142,7 @@ class Progress:
             return body
         if answer.status == 200:
             self.acked.append(body["delta"])
+            self.acked_calls.append(body.get("tool_calls", []))
             self._note_lease(answer.body)
             return None
         if answer.rc == "ProgressOutOfOrder":
@@ -160,8 +167,11 @@ class Progress:
             last = int(found.group(1)) if found else 0
         log.warning("job %s: progress out of order, resending from seq %d", self.job_id, last + 1)
         self.pending = self.acked[last:] + [body["delta"]] + self.pending
+        resent = [piece for pieces in self.acked_calls[last:] for piece in pieces]
+        self.pending_calls = resent + body.get("tool_calls", []) + self.pending_calls
         self.pending_tokens = self.every_tokens
         self.acked = self.acked[:last]
+        self.acked_calls = self.acked_calls[:last]
 
     def _note_lease(self, answer: dict[str, Any]) -> None:
         lease = answer.get("lease")
@@ -183,14 +193,56 @@ class Progress:
         return self.answered_at + self.expires_in
 
 
+def merged(pieces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive pieces of one call as one: its id and name kept, its argument fragments
+    joined (some servers repeat the id and name in every piece)."""
+    out: list[dict[str, Any]] = []
+    for piece in pieces:
+        function = piece.get("function") or {}
+        last = out[-1] if out else {}
+        same = (
+            last.get("index") == piece["index"]
+            and piece.get("id", last.get("id")) == last.get("id")
+            and function.get("name", (last.get("function") or {}).get("name"))
+            == (last.get("function") or {}).get("name")
+        )
+        if same:
+            last = out[-1].setdefault("function", {})
+            last["arguments"] = last.get("arguments", "") + function.get("arguments", "")
+            continue
+        out.append({**piece, "function": dict(function)} if function else dict(piece))
+    return out
+
+
 @dataclass
 class Output:
     pieces: list[str] = field(default_factory=list)
     tokens: int = 0  # the backend's count
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by index, as they came
 
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    def add_calls(self, pieces: tuple[dict[str, Any], ...]) -> None:
+        for piece in pieces:
+            call = self.calls.setdefault(piece["index"], {"id": "", "name": "", "arguments": ""})
+            function = piece.get("function") or {}
+            call["id"] = call["id"] or piece.get("id", "")
+            call["name"] = call["name"] or function.get("name", "")
+            call["arguments"] += function.get("arguments", "")
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The reply's calls whole, in OpenAI's form, in index order (an id made up where the
+        backend gave none)."""
+        return [
+            {
+                "id": call["id"] or f"call_{index}",
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call["arguments"]},
+            }
+            for index, call in sorted(self.calls.items())
+        ]
 
 
 @dataclass
@@ -259,7 +311,9 @@ class JobServer:
             return await self.give_back(job, served)
         if served.outcome is not Outcome.SUBMITTED:
             return served
-        return await self.submit(job, output.text, served, seed=request.seed or 0)
+        return await self.submit(
+            job, output.text, served, seed=request.seed or 0, tool_calls=output.tool_calls()
+        )
 
     async def _generate(
         self,
@@ -277,6 +331,7 @@ class JobServer:
             async with contextlib.aclosing(self.backend.generate(request, budget=budget)) as deltas:
                 async for delta in deltas:
                     output.pieces.append(delta.text)
+                    output.add_calls(delta.tool_calls)
                     output.tokens = max(output.tokens, delta.tokens)
                     if progress is not None:
                         progress.add(delta)
@@ -322,9 +377,17 @@ class JobServer:
             return Outcome.DEADLINE, f"deadline {job.deadline_ms} ms"
         return Outcome.GIVEN_BACK, f"backend failed: {exc}"
 
-    async def submit(self, job: Job, text: str, served: Served, *, seed: int) -> Served:
+    async def submit(
+        self,
+        job: Job,
+        text: str,
+        served: Served,
+        *,
+        seed: int,
+        tool_calls: list[dict[str, Any]] | None = None,
+    ) -> Served:
         try:
-            answer = await self.horde.submit(job.id, text, seed=seed)
+            answer = await self.horde.submit(job.id, text, seed=seed, tool_calls=tool_calls)
         except HordeUnreachable as exc:
             served.outcome, served.detail = Outcome.UNDELIVERED, str(exc)
             return served

@@ -174,6 +174,8 @@ class Bridge:
             "amount": 1,
             "chat": True,
             "bridge_agent": self.config.bridge_agent,
+            # Sent only when declared: a pop without them is the AI Horde's own.
+            **{name: True for name in ("tools", "structured_outputs") if getattr(self.config, name)},
             # Sent only when it waits: a pop without it is the AI Horde's own.
             **({"wait_seconds": self.config.pop_wait} if self.config.pop_wait > 0 else {}),
         }

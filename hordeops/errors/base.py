@@ -251,6 +251,22 @@ class ReplyTooLong(ProtocolValidationError, code="ReplyTooLong", status=400):
     openai_code = "max_tokens_too_large"
 
 
+class CapabilityNotServed(ProtocolValidationError, code="CapabilityNotServed", status=404):
+    """A /v1 request that needs tool calls or structured output for a model whose online
+    workers do not declare it: refused at once, as a model nobody serves is, rather than left
+    to wait out its life (`param`: the field that needs it)."""
+
+    openai_code = "capability_not_served"
+
+
+class ReplyBreaksJob(DomainError, code="ReplyBreaksJob", status=400):
+    """A worker's submit of tool calls whose arguments are not a JSON object, or of a reply
+    that is not the JSON its job asked for: the job was given back for another worker, and
+    counts against this one as a give-back."""
+
+    default_message = "The reply breaks what its job asked for; the job was given to another worker."
+
+
 class ReplyFailed(DomainError, code="ReplyFailed", status=400):
     """A chat request that ended without a reply; `openai_code` is its ending (`jobs.models.Ending`)."""
 

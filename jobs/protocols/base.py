@@ -55,6 +55,9 @@ class ChatCall:
     max_tokens_field: str = "max_tokens"  # the field the client set it in, for a refusal's `param`
     models: tuple[str, ...] = ()  # OpenRouter's fallbacks: other models that may serve it, in order
     n: int = 1  # choices wanted: a job each (OpenAI's `n`)
+    # The capabilities its worker must declare, each with the field that needs it
+    # (`jobs.protocols.agents.needs`): tools, structured output.
+    needs: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -70,6 +73,12 @@ class Reply:
     sequence: int = 0
     # The text sent in stream deltas so far, for a protocol that repeats it at the end.
     streamed: list[str] = field(default_factory=list)
+    # The reply's tool calls, whole (`jobs.protocols.agents`' form), once it is done.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    # A stream's tool calls as they came so far, by index: their id, name and arguments.
+    streamed_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # What a protocol keeps of its own stream (Messages: which content block is open).
+    protocol_state: dict[str, Any] = field(default_factory=dict)
 
     def next_sequence(self) -> int:
         number = self.sequence
@@ -96,6 +105,24 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+def note_pieces(reply: Reply, pieces: list[dict[str, Any]]) -> list[tuple[dict[str, Any], bool]]:
+    """Add tool-call pieces to what `reply` streamed of its calls; each piece with whether it
+    begins its call (its index was not seen before)."""
+    noted = []
+    for piece in pieces:
+        index = piece["index"]
+        first = index not in reply.streamed_calls
+        call = reply.streamed_calls.setdefault(index, {"id": f"call_{index}", "name": "", "arguments": ""})
+        function = piece.get("function") or {}
+        if first and piece.get("id"):
+            call["id"] = piece["id"]
+        if first and function.get("name"):
+            call["name"] = function["name"]
+        call["arguments"] += function.get("arguments", "")
+        noted.append((piece, first))
+    return noted
 
 
 def sse(data: Any, event: str | None = None) -> str:
@@ -251,6 +278,12 @@ class ChatProtocol:
     path = ""
     # Where the client APIs' status for a case differs from the horde's.
     STATUS = {"UnknownModel": 404}
+
+    def stream_tool_calls(self, reply: Reply, pieces: list[dict[str, Any]]) -> list[str]:
+        """The stream's events for pieces of tool calls (OpenAI's stream form, by `index`);
+        noted in `reply.streamed_calls`. A protocol that takes no tools relays none."""
+        note_pieces(reply, pieces)
+        return []
 
     def status_of(self, err: errors.DomainError) -> int:
         return self.STATUS.get(err.code, err.status)

@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from hordeops import errors
+from jobs.protocols import agents
 from jobs.protocols.base import (
     MAX_MESSAGES,
     MAX_REPLY_TOKENS,
@@ -15,6 +16,7 @@ from jobs.protocols.base import (
     Usage,
     fallbacks_field,
     joined_text,
+    note_pieces,
     sampling,
     sse,
     text_content_schema,
@@ -46,13 +48,36 @@ class ResponseItemInput(serializers.Serializer):
 
 
 RESPONSE_ITEM_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "type": {"type": "string", "enum": ["message"]},
-        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
-        "content": text_content_schema(("input_text", "output_text")),
-    },
-    "required": ["role", "content"],
+    "oneOf": [
+        {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string", "enum": ["message"]},
+                "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+                "content": text_content_schema(("input_text", "output_text")),
+            },
+            "required": ["role", "content"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call"]},
+                "call_id": {"type": "string"},
+                "name": {"type": "string"},
+                "arguments": {"type": "string"},
+            },
+            "required": ["type", "call_id", "name", "arguments"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call_output"]},
+                "call_id": {"type": "string"},
+                "output": {"type": "string"},
+            },
+            "required": ["type", "call_id", "output"],
+        },
+    ]
 }
 
 
@@ -85,10 +110,36 @@ class ResponsesInputField(serializers.Field):
             self.fail("invalid")
         if len(data) > MAX_MESSAGES:
             self.fail("too_many")
-        items = ResponseItemInput(data=data, many=True)
-        if not items.is_valid():
-            raise serializers.ValidationError(items.errors)
-        return [{"role": item["role"], "content": item["content"]} for item in items.validated_data]
+        messages: list[dict[str, Any]] = []
+        for index, item in enumerate(data):
+            kind = item.get("type") if isinstance(item, dict) else None
+            try:
+                if kind == "function_call":
+                    call = agents.tool_call(
+                        item.get("call_id"), item.get("name"), item.get("arguments"), str(index)
+                    )
+                    last = messages[-1] if messages else {}
+                    if last.get("role") == "assistant" and last.get("tool_calls"):
+                        last["tool_calls"].append(call)  # a turn's calls come as items in a row
+                    else:
+                        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                    continue
+                if kind == "function_call_output":
+                    call_id, output = item.get("call_id"), joined_text(item.get("output"), ("input_text",))
+                    if not isinstance(call_id, str) or not call_id or output is None:
+                        raise agents.Invalid(
+                            "A function_call_output needs its call_id and a string output.", ""
+                        )
+                    messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+                    continue
+            except agents.Invalid as err:
+                raise serializers.ValidationError({index: [str(err)]}) from None
+            one = ResponseItemInput(data=item)
+            if not one.is_valid():
+                raise serializers.ValidationError({index: one.errors})
+            message = one.validated_data
+            messages.append({"role": message["role"], "content": message["content"]})
+        return messages
 
 
 class ResponsesInput(SamplerInput):
@@ -102,6 +153,52 @@ class ResponsesInput(SamplerInput):
     stream = StrictBooleanField(default=False)
     temperature = StrictFloatField(min_value=0, max_value=2, required=False, allow_null=True)
     top_p = StrictFloatField(min_value=0.001, max_value=1, required=False, allow_null=True)
+    tools = serializers.JSONField(required=False, allow_null=True)
+    tool_choice = serializers.JSONField(required=False, allow_null=True)
+    parallel_tool_calls = StrictBooleanField(required=False, allow_null=True)
+    text = serializers.JSONField(required=False, allow_null=True)
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    """Responses' function tools (`{"type": "function", "name", "parameters", ...}`, flat)."""
+    if not isinstance(value, list) or len(value) > agents.MAX_TOOLS:
+        raise agents.Invalid(f"tools must be a list of at most {agents.MAX_TOOLS} tools.", "tools")
+    tools = []
+    for index, tool in enumerate(value):
+        where = f"tools.{index}"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise agents.Invalid("Only function tools are served: type must be 'function'.", where)
+        tools.append(
+            agents.function_tool(
+                tool.get("name"), tool.get("description"), tool.get("parameters"), tool.get("strict"), where
+            )
+        )
+    return agents.unique(tools, "tools")
+
+
+def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> Any:
+    if isinstance(value, dict) and value.get("type") == "function":
+        if not tools:
+            raise agents.Invalid("tool_choice needs tools.", "tool_choice")
+        return agents.named_choice(value.get("name"), tools, "tool_choice")
+    return agents.openai_tool_choice(value, tools)
+
+
+def _format(value: Any) -> dict[str, Any] | None:
+    """`text.format` (`{"type": "json_schema", "name", "schema", "strict"}`, flat) as Chat
+    Completions' `response_format`."""
+    if not isinstance(value, dict):
+        raise agents.Invalid("text must be an object.", "text")
+    fmt = value.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise agents.Invalid(
+            "text.format's type must be 'text', 'json_object' or 'json_schema'.", "text.format"
+        )
+    if fmt["type"] != "json_schema":
+        return agents.openai_response_format(fmt, "text.format")
+    return {"type": "json_schema", "json_schema": agents.json_schema(fmt, "text.format")}
 
 
 class OpenAIResponses(OpenAIErrors):
@@ -119,14 +216,30 @@ class OpenAIResponses(OpenAIErrors):
         messages = list(data["input"])
         if data.get("instructions"):
             messages.insert(0, {"role": "system", "content": data["instructions"]})
+        try:
+            tools = _tools(data["tools"]) if data.get("tools") else None
+            choice = None if data.get("tool_choice") is None else _tool_choice(data["tool_choice"], tools)
+            response_format = None if data.get("text") is None else _format(data["text"])
+        except agents.Invalid as err:
+            raise errors.ProtocolValidationError(str(err), param=err.param) from None
+        params = sampling(data, [])
+        params.update(
+            agents.agent_params(
+                tools=tools,
+                tool_choice=choice,
+                parallel_tool_calls=data.get("parallel_tool_calls"),
+                response_format=response_format,
+            )
+        )
         return ChatCall(
             model=data["model"],
             messages=messages,
             max_tokens=data.get("max_output_tokens"),
             max_tokens_field="max_output_tokens",
             stream=data["stream"],
-            params=sampling(data, []),
+            params=params,
             models=tuple(data.get("models") or ()),
+            needs=agents.needs(params, messages),
         )
 
     def reply_id(self, request_id: str) -> str:
@@ -190,13 +303,58 @@ class OpenAIResponses(OpenAIErrors):
             "kudos": usage.kudos,
         }
 
-    def _final(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+    def _final(
+        self, reply: Reply, text: str, finish_reason: str, usage: Usage, *, streamed: bool = False
+    ) -> dict[str, Any]:
+        """The message item (left out when empty beside calls, unless a stream announced it),
+        then a `function_call` item per call."""
         item_status = "incomplete" if finish_reason == "length" else "completed"
-        item = self._item(reply, item_status, [self._part(text)])
-        return self._response(reply, output=[item], finish_reason=finish_reason, usage=usage)
+        output = [self._item(reply, item_status, [self._part(text)])]
+        if reply.tool_calls and not text and not streamed:
+            output = []
+        output += [
+            self._call_item(reply, index, call, "completed") for index, call in enumerate(reply.tool_calls)
+        ]
+        return self._response(reply, output=output, finish_reason=finish_reason, usage=usage)
+
+    def _call_item(self, reply: Reply, index: int, call: dict[str, Any], status: str) -> dict[str, Any]:
+        return {
+            "type": "function_call",
+            "id": f"fc_{index}_{reply.id.removeprefix('resp_')}",
+            "call_id": call["id"],
+            "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"],
+            "status": status,
+        }
 
     def response(self, reply: Reply, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
         return self._final(reply, text, finish_reason, usage)
+
+    def stream_tool_calls(self, reply: Reply, pieces: list[dict[str, Any]]) -> list[str]:
+        """A call's first piece adds its `function_call` item (output 1 + its index, after the
+        message); each fragment is a `response.function_call_arguments.delta`."""
+        events = []
+        for piece, first in note_pieces(reply, pieces):
+            index = piece["index"]
+            streamed = reply.streamed_calls[index]
+            call = {"id": streamed["id"], "function": {"name": streamed["name"], "arguments": ""}}
+            item = self._call_item(reply, index, call, "in_progress")
+            if first:
+                events.append(
+                    self._event(reply, "response.output_item.added", output_index=1 + index, item=item)
+                )
+            fragment = (piece.get("function") or {}).get("arguments", "")
+            if fragment:
+                events.append(
+                    self._event(
+                        reply,
+                        "response.function_call_arguments.delta",
+                        item_id=item["id"],
+                        output_index=1 + index,
+                        delta=fragment,
+                    )
+                )
+        return events
 
     def _event(self, reply: Reply, type_: str, **fields: Any) -> str:
         return sse({"type": type_, "sequence_number": reply.next_sequence(), **fields}, event=type_)
@@ -225,17 +383,28 @@ class OpenAIResponses(OpenAIErrors):
 
     def stream_end(self, reply: Reply, finish_reason: str, usage: Usage) -> list[str]:
         text = "".join(reply.streamed)
-        final = self._final(reply, text, finish_reason, usage)
-        [item] = final["output"]
+        final = self._final(reply, text, finish_reason, usage, streamed=True)
+        item, *calls = final["output"]
         place = self._text_place(reply)
         # `response.completed` even when the reply was cut at max_output_tokens (its status
         # then says `incomplete`): the SDK's stream helper only finishes on that event.
-        return [
+        events = [
             self._event(reply, "response.output_text.done", **place, text=text, logprobs=[]),
             self._event(reply, "response.content_part.done", **place, part=self._part(text)),
             self._event(reply, "response.output_item.done", output_index=0, item=item),
-            self._event(reply, "response.completed", response=final),
         ]
+        for index, call in enumerate(calls):
+            events += [
+                self._event(
+                    reply,
+                    "response.function_call_arguments.done",
+                    item_id=call["id"],
+                    output_index=1 + index,
+                    arguments=call["arguments"],
+                ),
+                self._event(reply, "response.output_item.done", output_index=1 + index, item=call),
+            ]
+        return [*events, self._event(reply, "response.completed", response=final)]
 
     def stream_error(self, reply: Reply, err: errors.DomainError) -> list[str]:
         # No `response.completed` after an error: the stream simply ends.

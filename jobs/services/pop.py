@@ -173,6 +173,8 @@ def pop_params(worker: Worker, *, trusted: bool, now: datetime) -> dict[str, Any
         "w_served_models": worker.served_models,
         "w_maintenance": worker.maintenance,
         "w_chat": worker.chat,
+        "w_tools": worker.tools,
+        "w_structured_outputs": worker.structured_outputs,
         "wa_trusted": trusted,
         "plan_hint": False,
     }

@@ -1,5 +1,6 @@
 """A chat worker's progress post: relay its delta and renew its lease (jobs.leases decides)."""
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -8,6 +9,7 @@ from uuid import UUID
 from hordeops import clock, errors
 from jobs import leases
 from jobs.models import Ending, Generation
+from jobs.protocols import agents
 from jobs.services import posts
 from jobs.services.endings import cancel_request
 
@@ -34,8 +36,12 @@ def record_progress(
     delta: str,
     tokens: int | None,
     now: datetime | None = None,
+    tool_calls: list[dict] | None = None,
 ) -> ProgressResult:
     """Relay a chat worker's new output and renew its lease when the output is new.
+
+    `tool_calls`: pieces of the reply's tool calls (`agents.call_pieces`), relayed with the
+    delta as output is; they are judged whole at the submit.
 
     `leases.renew` decides and writes. A lease that Redis lost (a restart) is rebuilt from the
     row while its requester still follows, and otherwise the request is cancelled and the
@@ -51,7 +57,13 @@ def record_progress(
             "its flat lease."
         )
     posts.refuse_past_deadline(text_request=generation.request, now=now)
-    renewal = leases.renew(generation, seq=seq, delta=delta, tokens=tokens, now=now)
+    calls = ""
+    if tool_calls:
+        try:
+            calls = json.dumps(agents.call_pieces(tool_calls), separators=(",", ":"))
+        except agents.BadReply as err:
+            raise errors.BadRequest(str(err)) from None
+    renewal = leases.renew(generation, seq=seq, delta=delta, tokens=tokens, now=now, calls=calls)
     if renewal.outcome not in leases.ANSWERED:
         raise _refused(generation, renewal, seq=seq, now=now)
     return ProgressResult(lease=renewal.outcome, expires_at=renewal.expires_at, ttl=renewal.ttl(now))

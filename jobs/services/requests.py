@@ -1,6 +1,7 @@
 """Queueing requests: the text route's and the chat routes', within the account's bound and in
 the fair order; committing a chat stream to one generation."""
 
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Max, UUIDField, Value
+from django.db.models import Count, F, Max, Q, UUIDField, Value
 from django.db.models.functions import Coalesce, Least
 
 from hordeops import clock, errors
@@ -55,30 +56,60 @@ class QueuedText:
 
 
 def _reply_length(
-    models: list[str], prompt: str, now: datetime, *, chat: bool, asked: int | None, field: str
+    models: list[str],
+    prompt: str,
+    now: datetime,
+    *,
+    chat: bool,
+    asked: int | None,
+    field: str,
+    needs: dict[str, str] | None = None,
 ) -> tuple[int, list[str]]:
     """The reply a /v1 request is queued for, and which of its `models` (the model, then its
     fallbacks, in the client's order) may serve it, decided by their online workers (chat
     workers for a chat, the ones `/v1/models` lists; any worker for a text completion).
 
-    None of them has such a worker: 404 `UnknownModel`. `asked` None (the client set no limit,
-    which OpenAI reads as "as much as the model gives"): the most one worker of the first model
-    that has any accepts with this prompt in its context, within MAX_REPLY_TOKENS. An `asked`
-    above every one's `max_length`: refused at once, naming the most accepted, for it would
-    only wait out its life. A model whose workers all accept less than the reply is left out.
-    The workers are read live, in the one statement a model's check needs anyway: a cached
-    view could refuse a request that a worker which just came online would take.
+    None of them has such a worker: 404 `UnknownModel`. `needs` (capability -> the field that
+    needs it, e.g. `{"tools": "tools"}`): only the workers that declare them count, and where
+    a model has online workers but none declares them it is left out; none left for that
+    reason: 404 `CapabilityNotServed` at once. `asked` None (the client set no limit, which
+    OpenAI reads as "as much as the model gives"): the most one worker of the first model left
+    accepts with this prompt in its context, within MAX_REPLY_TOKENS. An `asked` above every
+    one's `max_length`: refused at once, naming the most accepted, for it would only wait out
+    its life. A model whose workers all accept less than the reply is left out. The workers
+    are read live, in the one statement a model's check needs anyway: a cached view could
+    refuse a request that a worker which just came online would take.
     """
     online = Worker.objects.online_chat(now) if chat else Worker.objects.online(now)
     # The context a request needs, as `create_reply_request` counts it: its prompt and its reply.
     prompt_size = max(20, prompt_tokens(prompt))
+    capable = Q()
+    for name in needs or {}:
+        capable &= Q(**{name: True})
     served: list[tuple[str, int, int]] = []  # (model, longest reply, longest fitting this prompt)
+    incapable: tuple[str, dict[str, Any]] | None = None  # the first model served, but not as needed
     for model in models:
         limits = online.filter(served_models__overlap=[model]).aggregate(
-            longest=Max("max_length"), fitting=Max(Least("max_length", F("max_context_length") - prompt_size))
+            serving=Count("pk"),
+            longest=Max("max_length", filter=capable),
+            fitting=Max(Least("max_length", F("max_context_length") - prompt_size), filter=capable),
+            **{name: Count("pk", filter=Q(**{name: True})) for name in needs or {}},
         )
         if limits["longest"] is not None:
             served.append((model, limits["longest"], limits["fitting"]))
+        elif limits["serving"] and incapable is None:
+            incapable = (model, limits)
+    if not served and incapable is not None:
+        model, limits = incapable
+        # The capability no worker declares (else the first: none declares them all).
+        name = next((name for name in needs or {} if not limits[name]), next(iter(needs or {})))
+        param = (needs or {})[name]
+        what = {"tools": "tool calls", "structured_outputs": "structured output (response_format)"}[name]
+        raise errors.CapabilityNotServed(
+            f"No online worker of the model {model[:255]} declares {what}: send the request without "
+            f"{param}, or to a model whose workers support it.",
+            param=param,
+        )
     if not served:
         names = ", ".join(model[:255] for model in models)
         raise errors.UnknownModel(f"No online worker serves the model {names}.")
@@ -304,9 +335,15 @@ def _expiry(now: datetime, deadline_at: datetime | None) -> datetime:
     return min(lifetime, deadline_at) if deadline_at else lifetime
 
 
-def render_chat_prompt(messages: list[dict[str, str]]) -> str:
-    """The chat as one ChatML prompt, for workers that take a prompt rather than messages."""
-    turns = [f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages]
+def render_chat_prompt(messages: list[dict[str, Any]]) -> str:
+    """The chat as one ChatML prompt, for workers that take a prompt rather than messages (and
+    the horde's count of its tokens): an assistant's tool calls written as their JSON."""
+    turns = [
+        f"<|im_start|>{m['role']}\n{m.get('content') or ''}"
+        + (json.dumps(m["tool_calls"], separators=(",", ":")) if m.get("tool_calls") else "")
+        + "<|im_end|>\n"
+        for m in messages
+    ]
     return "".join(turns) + "<|im_start|>assistant\n"
 
 
@@ -325,6 +362,7 @@ def create_reply_request(
     shared_key: SharedKey | None = None,
     fallbacks: tuple[str, ...] = (),
     n: int = 1,
+    needs: dict[str, str] | None = None,
 ) -> TextRequest:
     """Admit and queue one /v1 reply from `model`: a text completion of `prompt` when there is
     one (a text job any of its workers may take, a legacy worker too, followed by its requester
@@ -333,7 +371,9 @@ def create_reply_request(
     as the client did. A shared key is refused spent or expired, or past its cap or budget, as
     on the horde's route (`create_text_request`), with no fallback: the /v1 protocols have no
     allow_downgrade. `n` replies of one request are `n` jobs, held for and charged as the
-    horde's route holds `params.n` (`spending.request_cost`).
+    horde's route holds `params.n` (`spending.request_cost`). `needs` (a chat's capabilities,
+    each with the field that needs it): offered only to workers that declare them, refused at
+    once where no online worker of its models does.
 
     `fallbacks` (OpenRouter's `models`) are models that may serve it too: the request names
     every one of `model` and its fallbacks that has an online worker able to give the reply,
@@ -348,12 +388,13 @@ def create_reply_request(
         prompt = render_chat_prompt(messages or [])
     choices = list(dict.fromkeys((model, *fallbacks)))
     max_length, models = _reply_length(
-        choices, prompt, now, chat=chat, asked=max_length, field=max_length_field
+        choices, prompt, now, chat=chat, asked=max_length, field=max_length_field, needs=needs
     )
     if shared_key is not None and shared_key.max_text_tokens != SharedKey.UNLIMITED:
         max_length = min(max_length, shared_key.max_text_tokens)
     if chat:
         fields: dict[str, Any] = {"kind": TextRequest.Kind.CHAT, "messages": messages, "params": params}
+        fields.update({f"needs_{name}": True for name in needs or {}})
     else:  # a text job's worker, a legacy one too, reads its length from the params
         params = {**params, "max_length": max_length}
         fields = {"kind": TextRequest.Kind.TEXT, "followed": True, "params": params}

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from hordeops import clock, errors, metrics
 from jobs import affinity, claims, leases, relay, sql
 from jobs.models import Ending, Generation
+from jobs.protocols import agents
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
 from jobs.services.posts import (
     output_too_long,
@@ -40,6 +41,7 @@ def submit_generation(
     seed: int,
     gen_metadata: list[dict[str, Any]],
     now: datetime | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> float:
     """Accept a worker's result, or its giving the job back; return the reward: the kudos
     posted to the worker's owner (`kudos.earning`).
@@ -48,11 +50,23 @@ def submit_generation(
     with GenerationCancelled, which tells a chat worker to stop; a legacy worker's submit of it
     is accepted instead, as the AI Horde accepts it, with a reward of 0, and its text goes to no
     one: the official worker retries any other answer for ~22 s before it gives up. Neither counts
-    against the worker."""
+    against the worker.
+
+    `tool_calls`: a chat reply's calls of the job's tools. A reply that breaks what its job
+    asked for (`agents.check_reply`: arguments that are not a JSON object, a reply that is not
+    the JSON asked for) is given back as a `faulted` submit is, and refused ReplyBreaksJob."""
     now = now or clock.now()
     generation = posted_generation(api_key=api_key, generation_id=generation_id)
     try:
-        return _submit(generation, text=text, state=state, seed=seed, gen_metadata=gen_metadata, now=now)
+        return _submit(
+            generation,
+            text=text,
+            state=state,
+            seed=seed,
+            gen_metadata=gen_metadata,
+            now=now,
+            tool_calls=tool_calls or [],
+        )
     except errors.GenerationCancelled:
         if generation.worker.chat:
             raise
@@ -67,6 +81,7 @@ def _submit(
     seed: int,
     gen_metadata: list[dict[str, Any]],
     now: datetime,
+    tool_calls: list[dict[str, Any]],
 ) -> float:
     refuse_past_deadline(text_request=generation.request, now=now)
     if state == "faulted":
@@ -74,9 +89,20 @@ def _submit(
         return 0.0
 
     text_request = generation.request
-    if len(text.encode()) > text_request.output_limit_bytes:
+    calls: list[dict[str, Any]] = []
+    judged = tool_calls or text_request.needs_tools or text_request.needs_structured_outputs
+    if state == "ok" and judged:
+        try:
+            calls = agents.worker_calls(tool_calls)
+            agents.check_reply(text_request.params, text, calls)
+        except agents.BadReply as err:
+            _give_back(generation, now)
+            raise errors.ReplyBreaksJob(f"{err} The job was given to another worker.") from None
+    # What the reply holds, as its size and its tokens are counted: its text and its calls.
+    counted = text + "".join(call["function"]["name"] + call["function"]["arguments"] for call in calls)
+    if len(counted.encode()) > text_request.output_limit_bytes:
         raise output_too_long(text_request=text_request)
-    tokens = estimate_tokens(text, text_request.max_length)
+    tokens = estimate_tokens(counted, text_request.max_length)
     if text_request.relayed:
         reported, follower_gone = leases.at_submit(generation)
         if follower_gone:
@@ -85,7 +111,7 @@ def _submit(
         # what it handed in.
         if reported:
             tokens = claims.tokens(
-                int(reported), max_length=text_request.max_length, output_bytes=len(text.encode())
+                int(reported), max_length=text_request.max_length, output_bytes=len(counted.encode())
             )
     settlement = settle(generation, tokens=tokens, result=state, now=now)
     # One statement, so one implicit transaction (`sql.accept`): the generation's
@@ -129,7 +155,7 @@ def _submit(
             robust=True,
         )
     if text_request.relayed:
-        finish = "length" if tokens >= text_request.max_length else "stop"
+        finish = "tool_calls" if calls else "length" if tokens >= text_request.max_length else "stop"
         # robust: the result is accepted once committed, Redis or not; the answer says so.
         transaction.on_commit(
             lambda: _relay_done(
@@ -140,6 +166,7 @@ def _submit(
                 finish=finish,
                 kudos=settlement.cost,
                 model=generation.model,
+                calls=calls,
             ),
             robust=True,
         )
@@ -166,9 +193,19 @@ def _suspect_speed(generation: Generation, *, tokens: int, now: datetime) -> Non
 
 
 def _relay_done(
-    request_id: UUID, generation_id: UUID, *, text: str, tokens: int, finish: str, kudos: Decimal, model: str
+    request_id: UUID,
+    generation_id: UUID,
+    *,
+    text: str,
+    tokens: int,
+    finish: str,
+    kudos: Decimal,
+    model: str,
+    calls: list[dict[str, Any]],
 ) -> None:
     leases.kill([generation_id])
+    # The calls only where there are some: a plain reply's event is as it always was.
+    extra = {"tool_calls": json.dumps(calls, separators=(",", ":"))} if calls else {}
     relay.publish(
         request_id,
         relay.DONE,
@@ -178,6 +215,7 @@ def _relay_done(
         finish_reason=finish,
         kudos=kudos,
         model=model,  # the requester's answer names it: one of its fallbacks may have served
+        **extra,
     )
 
 

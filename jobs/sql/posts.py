@@ -37,6 +37,10 @@ WORKER_POST_PARTS = (
             "followed",
             "account",
             "prompt_tokens",
+            # Whether the submit judges the reply (`jobs.protocols.agents`): only then are the
+            # request's params read, a statement more.
+            "needs_tools",
+            "needs_structured_outputs",
         ),
     ),
 )

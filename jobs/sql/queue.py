@@ -28,7 +28,9 @@ _POPPING_WORKER = """
                      %(w_speed)s::double precision AS speed, %(w_max_length)s::integer AS max_length,
                      %(w_max_context_length)s::integer AS max_context_length,
                      %(w_served_models)s::varchar[] AS served_models,
-                     %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat) AS w,
+                     %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat,
+                     %(w_tools)s::boolean AS tools,
+                     %(w_structured_outputs)s::boolean AS structured_outputs) AS w,
              (SELECT %(wa_trusted)s::boolean AS trusted) AS wa"""
 
 # How many waiting requests, from the head of the queue, a pop that found nothing explains.
@@ -39,13 +41,14 @@ SKIPPED_SCAN = 100
 def skipped() -> str:
     """Why the first SKIPPED_SCAN waiting requests (in queue order, on `request_pop_queue`) were
     passed over by a pop that found nothing: (reason, count) per `eligibility.SKIP_REASONS`.
-    Chat jobs are not counted for a worker that does not serve chat: they do not exist for it."""
+    Chat jobs are not counted for a worker that does not serve chat, nor jobs that need a
+    capability it does not declare: they do not exist for it."""
     return f"""
         SELECT s.reason, count(*) FROM (
             SELECT {eligibility.skip_reason_sql("r", "w", "wa")} AS reason
             FROM {REQUESTS} AS r,{_POPPING_WORKER}
             WHERE r.state = '{ACTIVE}' AND r.queued > 0 AND r.expires_at > %(now)s
-              AND (r.kind = '{TEXT}' OR w.chat)
+              AND (r.kind = '{TEXT}' OR w.chat) AND {eligibility.capable_sql("r", "w")}
             ORDER BY r.fair_rank ASC, r.priority DESC, r.created_at ASC
             LIMIT {SKIPPED_SCAN}
         ) AS s GROUP BY s.reason

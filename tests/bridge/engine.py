@@ -122,6 +122,9 @@ class Engine:
     model: Path
     context: int = 2048
     threads: int = 1
+    # llama-cpp-python's chat handler, when not the model's own template: `chatml-function-calling`
+    # answers tools (grammar-constrained arguments), so that random weights make valid calls.
+    chat_format: str | None = None
 
     def start(self, port: int | None = None) -> "Engine":
         """Serve on `port` (a free one unless given: a restart keeps its address)."""
@@ -133,7 +136,8 @@ class Engine:
         self.process = subprocess.Popen(
             [str(ENGINE_PYTHON), "-m", "llama_cpp.server", "--model", str(self.model), "--host", "127.0.0.1",
              "--port", str(self.port), "--n_ctx", str(self.context), "--n_threads", str(self.threads),
-             "--n_threads_batch", str(self.threads), "--interrupt_requests", "False"],
+             "--n_threads_batch", str(self.threads), "--interrupt_requests", "False",
+             *(["--chat_format", self.chat_format] if self.chat_format else [])],
             stdout=self.log, stderr=subprocess.STDOUT, env=engine_environment(),
         )  # fmt: skip
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS

@@ -59,9 +59,30 @@ def test_the_backend_url_defaults_to_where_each_kind_of_server_listens(bridge_co
     assert kobold["backend_url"] == "http://127.0.0.1:5001"
 
 
+def test_tools_and_structured_outputs_are_declared_by_flag_or_environment_and_default_to_off(
+    bridge_command, tmp_path
+) -> None:
+    plain = _loaded(bridge_command, "-a", "k", "-n", "w")
+    assert (plain["tools"], plain["structured_outputs"]) == (False, False)
+    flags = _loaded(bridge_command, "-a", "k", "-n", "w", "--tools", "--structured_outputs")
+    assert (flags["tools"], flags["structured_outputs"]) == (True, True)
+    env = _loaded(
+        bridge_command, "-a", "k", "-n", "w", env={"HORDE_TOOLS": "yes", "HORDE_STRUCTURED_OUTPUTS": "0"}
+    )
+    assert (env["tools"], env["structured_outputs"]) == (True, False)
+    config = tmp_path / "bridge.yaml"
+    config.write_text("api_key: k\nworker_name: w\nstructured_outputs: true\n")
+    assert _loaded(bridge_command, "--config", str(config))["structured_outputs"] is True
+
+
 @pytest.mark.parametrize(
     ("args", "env", "said"),
     [
+        (
+            ["-a", "k", "-n", "w", "--backend", "kobold", "--tools"],
+            {},
+            "--tools and --structured_outputs need an OpenAI-compatible backend",
+        ),
         ([], {}, "--api_key (or HORDE_API_KEY) is required"),
         (["-a", "k"], {}, "--worker_name (or HORDE_WORKER_NAME) is required"),
         (

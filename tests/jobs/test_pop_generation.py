@@ -25,6 +25,8 @@ POP = {
     "threads": 1,
     "nsfw": False,
     "chat": False,
+    "tools": False,
+    "structured_outputs": False,
     "bridge_agent": "test:1:test",
     "amount": 1,
     "wait_seconds": 0,

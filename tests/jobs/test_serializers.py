@@ -35,6 +35,8 @@ def test_bodies_validated_in_turn_keep_their_own_values_and_defaults():
         "bridge_agent": "unknown:0:unknown",
         "amount": 1,
         "chat": False,
+        "tools": False,
+        "structured_outputs": False,
         "wait_seconds": 0,
     }
     assert (large.validated_data["threads"], large.validated_data["amount"]) == (4, 3)

@@ -27,6 +27,8 @@ class Delta:
     text: str
     tokens: int  # the backend's running count of generated tokens
     finish_reason: str | None = None
+    # Pieces of tool calls, OpenAI's stream form: `{"index", "id", "function": {"name", "arguments"}}`.
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

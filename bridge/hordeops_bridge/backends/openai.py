@@ -40,6 +40,10 @@ class OpenAIBackend(Backend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.served = ""  # the model id the server itself uses, sent back in each request
+        # How this server takes a JSON schema: OpenAI's `json_schema` (llama-server, vLLM,
+        # Ollama), or `json_object` with a `schema` (llama-cpp-python's server, which refuses
+        # the other). Found by the first job that asks: tried the first way, then the second.
+        self.schema_style = ""
 
     async def describe(self) -> BackendInfo:
         listing = await self._get("/v1/models")
@@ -107,10 +111,24 @@ class OpenAIBackend(Backend):
         if request.seed is not None:
             body["seed"] = request.seed
         if request.messages is not None:
-            body["messages"] = request.messages
+            body["messages"] = [_content_given(message) for message in request.messages]
+            body.update(self._agent(request.agent))
         else:
             body["prompt"] = request.prompt
         return body
+
+    def _agent(self, agent: dict[str, Any]) -> dict[str, Any]:
+        """An agent's fields as this server takes them: as sent, but for a JSON schema where
+        the server wants the other form (`schema_style`), and `tool_choice` said: OpenAI's
+        default with tools is `auto`, some servers' is `none`."""
+        fields = dict(agent)
+        if fields.get("tools") and "tool_choice" not in fields:
+            fields["tool_choice"] = "auto"
+        response_format = fields.get("response_format")
+        if self.schema_style == "object" and response_format and response_format["type"] == "json_schema":
+            schema = response_format["json_schema"].get("schema")
+            fields["response_format"] = {"type": "json_object", **({"schema": schema} if schema else {})}
+        return fields
 
     async def generate(self, request: Request, *, budget: int) -> AsyncIterator[Delta]:
         path = "/v1/chat/completions" if request.messages is not None else "/v1/completions"
@@ -119,9 +137,17 @@ class OpenAIBackend(Backend):
         finished = False
         try:
             async with self.http.stream("POST", path, json=body) as response:
+                # llama-cpp-python's server answers 500 to a form it does not take.
+                if response.status_code != 200 and self._other_schema_style(request):
+                    await response.aread()
+                    async for delta in self.generate(request, budget=budget):
+                        yield delta
+                    return
                 if response.status_code != 200:
                     await response.aread()
                     raise BackendError(f"POST {path}: HTTP {response.status_code}")
+                if (request.agent.get("response_format") or {}).get("type") == "json_schema":
+                    self.schema_style = self.schema_style or "schema"
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -146,21 +172,60 @@ class OpenAIBackend(Backend):
                         if "delta" in choice
                         else choice.get("text")
                     )
+                    calls = _pieces((choice.get("delta") or {}).get("tool_calls"))
                     # One chunk a token, as these servers stream (an empty one holds part of a
                     # character); the closing chunk that only says why it finished is none.
-                    if text or (text is not None and not choice.get("finish_reason")):
+                    if text or calls or (text is not None and not choice.get("finish_reason")):
                         tokens += 1
                     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                         tokens = usage["completion_tokens"]
                     finished = finished or bool(choice.get("finish_reason"))
-                    if text or choice.get("finish_reason"):
-                        yield Delta(text or "", tokens, choice.get("finish_reason"))
+                    if text or calls or choice.get("finish_reason"):
+                        yield Delta(text or "", tokens, choice.get("finish_reason"), calls)
         except httpx.TransportError as exc:
             raise BackendError(f"POST {path}: {type(exc).__name__}") from None
         if not finished:
             # Every OpenAI-compatible server ends a reply with a reason; a stream without one
             # was cut short (a server that drops a request for a newer one, for example).
             raise BackendError(f"POST {path}: the stream ended before the reply was finished")
+
+    def _other_schema_style(self, request: Request) -> bool:
+        """Whether a refused request asked for a JSON schema in the form this server has not
+        been found to take: then the other form is the one (`schema_style`), tried again."""
+        response_format = request.agent.get("response_format") or {}
+        if self.schema_style or response_format.get("type") != "json_schema":
+            return False
+        self.schema_style = "object"
+        return True
+
+
+def _content_given(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's tool calls with "" for their null content: OpenAI takes either, and some
+    servers (llama-cpp-python's) refuse null."""
+    if message.get("content") is None and message.get("tool_calls"):
+        return {**message, "content": ""}
+    return message
+
+
+def _pieces(value: Any) -> tuple[dict[str, Any], ...]:
+    """A stream chunk's tool-call pieces, in the form the horde takes (`index`, and any of
+    `id`, `function.name`, `function.arguments`)."""
+    if not isinstance(value, list):
+        return ()
+    pieces = []
+    for position, piece in enumerate(value):
+        if not isinstance(piece, dict):
+            continue
+        index = piece.get("index")
+        function = piece.get("function") if isinstance(piece.get("function"), dict) else {}
+        out: dict[str, Any] = {"index": index if isinstance(index, int) and index >= 0 else position}
+        if isinstance(piece.get("id"), str) and piece["id"]:
+            out["id"] = piece["id"]
+        named = {key: function[key] for key in ("name", "arguments") if isinstance(function.get(key), str)}
+        if named:
+            out["function"] = named
+        pieces.append(out)
+    return tuple(pieces)
 
 
 def _positive(value: Any) -> int | None:
