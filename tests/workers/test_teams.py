@@ -4,6 +4,8 @@
 import uuid
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from workers.models import Account, Team, Worker
@@ -204,3 +206,19 @@ def test_the_team_totals_count_its_live_workers(owner, make_caller, team):
     assert APIClient().get(f"/api/v2/teams/{team['id']}").json()["worker_count"] == 1
     Team.objects.get().delete()
     assert not Worker.objects.filter(team__isnull=False).exists()
+
+
+def test_the_teams_list_reads_the_same_statements_however_many_teams_and_workers(trusted_owner, team):
+    def statements() -> int:
+        with CaptureQueriesContext(connection) as seen:
+            assert APIClient().get("/api/v2/teams").status_code == 200
+        return len(seen)
+
+    trusted_owner.pop("member-a", models=["m1"])
+    _join(trusted_owner, "member-a", team["id"])
+    few = statements()
+    for n in range(3):
+        more = _create(trusted_owner, name=f"Team {n}").json()
+        trusted_owner.pop(f"member-{n}-x", models=["m1"])
+        _join(trusted_owner, f"member-{n}-x", more["id"])
+    assert statements() == few == 2  # the teams with their creators, and their live workers
