@@ -234,6 +234,34 @@ def test_horde_sdk_in_strict_mode_makes_uses_changes_and_deletes_a_shared_key(li
 
 
 @pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_makes_lists_reads_changes_and_deletes_a_team(live_server, tmp_path) -> None:
+    creator, creator_key = create_account(name="sdk-team-creator", trusted=True)
+    owner, owner_key = create_account(name="sdk-team-player")
+    worker = Worker.objects.create(name="sdk-team-worker", account=owner, served_models=[MODEL])
+
+    args = ["teams", creator_key, owner_key, str(worker.pk)]
+    seen = _run_script(f"{live_server.url}/api/", args, tmp_path, strict=True)
+
+    team_id = seen["made"]["id"]
+    assert seen["made"] == {"id": team_id, "name": "sdk team", "info": "Made by horde_sdk."}
+    assert seen["joined"] == "sdk team"
+    shown = {
+        "name": "sdk team",
+        "creator": f"sdk-team-creator#{creator.pk}",
+        "worker_count": 1,
+        "workers": [str(worker.pk)],
+        "models": [[MODEL, 1]],
+        "requests_fulfilled": 0,
+    }
+    assert seen["listed"] == [shown] and seen["read"] == shown
+    assert seen["worker_team"] == "sdk team"
+    assert seen["changed"] == {"id": team_id, "name": "sdk team 2", "info": "Renamed."}
+    assert seen["deleted"] == {"id": team_id, "name": "sdk team 2"}
+    assert seen["team_after_delete"] is None
+    assert Worker.objects.get(pk=worker.pk).team_id is None
+
+
+@pytest.mark.django_db(transaction=True)
 def test_horde_sdk_in_strict_mode_reads_the_news_and_the_documents(live_server, tmp_path) -> None:
     from datetime import date
 

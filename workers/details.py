@@ -39,14 +39,16 @@ def worker_details(worker: Worker, *, now: datetime, privileged: bool) -> dict[s
         },
         "performance": worker.performance,
         "threads": worker.threads,
-        # Seconds from its first pop to its last: hordeops does not sum online spells.
-        "uptime": max(0, int((worker.last_pop_at - worker.created_at).total_seconds())),
+        "uptime": worker_uptime(worker),
         "maintenance_mode": worker.maintenance,
         "info": worker.info or None,
         "nsfw": worker.nsfw,
         "trusted": account.trusted,
         "flagged": False,
-        "team": {"name": None, "id": None},  # no teams: the AI Horde's shape of "None"
+        # No team: the AI Horde's "None", which its marshalling makes two nulls.
+        "team": {"name": worker.team.name, "id": str(worker.team_id)}
+        if worker.team_id is not None
+        else {"name": None, "id": None},
         "bridge_agent": worker.bridge_agent,
         "models": worker.served_models,
         "max_length": worker.max_length,
@@ -56,6 +58,11 @@ def worker_details(worker: Worker, *, now: datetime, privileged: bool) -> dict[s
     if privileged:
         details.update(privileged_details(account), paused=worker.paused)
     return details
+
+
+def worker_uptime(worker: Worker) -> int:
+    """Seconds from its first pop to its last: hordeops does not sum online spells."""
+    return max(0, int((worker.last_pop_at - worker.created_at).total_seconds()))
 
 
 def privileged_details(account: Account) -> dict[str, Any]:
@@ -75,7 +82,7 @@ def online_workers(*, now: datetime) -> list[tuple[int, dict[str, Any], bool]]:
     ONLINE_LIST_SECONDS."""
     listed = cache.get(ONLINE_LIST_KEY)
     if listed is None:
-        workers = Worker.objects.online(now).select_related("account").order_by("name")
+        workers = Worker.objects.online(now).select_related("account", "team").order_by("name")
         listed = [(w.account_id, worker_details(w, now=now, privileged=False), w.paused) for w in workers]
         cache.set(ONLINE_LIST_KEY, listed, ONLINE_LIST_SECONDS)
     return listed

@@ -8,6 +8,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from hordeops.keys import ANONYMOUS_API_KEY
@@ -150,6 +151,33 @@ class SharedKey(models.Model):
         return self.expiry is not None and self.expiry <= now
 
 
+class Team(models.Model):
+    """A group of workers, made by a trusted account (the AI Horde's teams): its totals are
+    its workers' own counters (`workers.teams`)."""
+
+    # The AI Horde's bounds of a team's name and info note (`CreateTeamInput`).
+    NAME_LENGTH = (3, 100)
+    INFO_LENGTH = (3, 1000)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Unique whatever its case (`team_name_unique`), as the AI Horde finds a team by name.
+    name = models.CharField(max_length=100)
+    info = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    owner = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="teams")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("name",)
+        constraints = [models.UniqueConstraint(Lower("name"), name="team_name_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def may_change(self, account: Account) -> bool:
+        """Its creator or a moderator may rename, describe or delete it."""
+        return account.moderator or account.pk == self.owner_id
+
+
 class WorkerQuerySet(models.QuerySet["Worker"]):
     def live(self) -> "WorkerQuerySet":
         """Workers their owner or a moderator has not deleted."""
@@ -259,6 +287,8 @@ class Worker(models.Model):
     # Deleted by its owner or a moderator: hidden everywhere but the admin, offline, its name
     # free; the row stays for its generations' history and the jobs it still holds.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # The team it is dedicated to, set by its owner or a moderator; left when the team goes.
+    team = models.ForeignKey(Team, on_delete=models.SET_NULL, null=True, blank=True, related_name="workers")
 
     objects = WorkerQuerySet.as_manager()
 

@@ -1,5 +1,6 @@
 """What the "Moderators" group may do: view everything of hordeops, change accounts and workers,
-keep the kudos model table, award kudos, delete shared keys and write the horde's news.
+keep the kudos model table, award kudos, delete shared keys, rename and delete teams and write
+the horde's news.
 
 The admin narrows "change" to trust, the account deadline limit and maintenance. Used by the
 migration that creates the group (with the historical models) and by tests.
@@ -26,6 +27,10 @@ PERMISSIONS = (
     ("workers", "delete_workermessage"),
     ("workers", "view_sharedkey"),
     ("workers", "delete_sharedkey"),
+    # As on the AI Horde, a moderator may rename or delete any team.
+    ("workers", "view_team"),
+    ("workers", "change_team"),
+    ("workers", "delete_team"),
     ("jobs", "view_textrequest"),
     ("jobs", "cancel_textrequest"),
     ("jobs", "view_generation"),

@@ -25,6 +25,7 @@ from workers.models import (
     hash_api_key,
     new_api_key,
 )
+from workers.teams import find_team
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +276,8 @@ def count_aborts(*, counts: Counter[UUID], now: datetime, given_back: bool = Fal
 
 def modify_worker(*, api_key: str | None, worker_id: UUID, **changes: Any) -> dict[str, Any]:
     """PUT /api/v2/workers/{id}, as the AI Horde rules it: the owner or a moderator may set
-    maintenance, the info note and the name, a moderator alone `paused`; return what changed.
+    maintenance, the info note, the name and the team, a moderator alone `paused`; return what
+    changed.
     `changes` are `change_worker`'s."""
     return change_worker(caller=authenticate(api_key=api_key), worker_id=worker_id, **changes)
 
@@ -306,7 +308,14 @@ def change_worker(
             set_paused(workers=this, paused=paused)
             changed["paused"] = paused
         if team is not None:
-            raise errors.BadRequest("hordeops has no teams.")
+            if not may:
+                raise errors.NotModerator()
+            if caller.is_anonymous:
+                raise errors.AnonForbiddenWorker()
+            # An empty id leaves its team; the answer says "None", as the AI Horde's does.
+            joined = find_team(team, details=False) if team else None
+            this.update(team=joined)
+            changed["team"] = joined.name if joined else "None"
         if maintenance is not None:
             if not may:
                 raise errors.NotOwner()

@@ -24,9 +24,9 @@ from hordeops.serializers import (
     StrictIntegerField,
     keyed_route,
 )
-from workers import services, shared_keys
+from workers import services, shared_keys, teams
 from workers.details import TEXT, online_workers, privileged_details, worker_details
-from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, Worker
+from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, Team, Worker
 
 APIKEY_OPTIONAL = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=False)
 ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404, 429)}
@@ -46,7 +46,7 @@ def may_see(viewer: Account | None, account_id: int) -> bool:
 
 
 def _worker(lookup: dict) -> Worker:
-    worker = Worker.objects.live().select_related("account").filter(**lookup).first()
+    worker = Worker.objects.live().select_related("account", "team").filter(**lookup).first()
     if worker is None:
         raise errors.WorkerNotFound()
     return worker
@@ -81,7 +81,7 @@ class WorkersView(APIView):
         viewer = caller(request)
         name = request.query_params.get("name")
         if viewer is not None and viewer.moderator:  # sees every worker's private details
-            workers = Worker.objects.online(now).select_related("account").order_by("name")
+            workers = Worker.objects.online(now).select_related("account", "team").order_by("name")
             if name is not None:
                 workers = workers.filter(name=name)
             return Response([worker_details(w, now=now, privileged=True) for w in workers])
@@ -363,3 +363,140 @@ class SharedKeyView(APIView):
         owner = shared_keys.caller(api_key=request.headers.get("apikey"), key_id=sharedkey_id)
         shared_keys.delete_shared_key(owner=owner, key_id=sharedkey_id)
         return Response({"message": "OK"})
+
+
+class TeamCreateInput(serializers.Serializer):
+    """The AI Horde's `CreateTeamInput`. Kept as sent: a trimmed name could be shorter than the
+    schema allows."""
+
+    name = StrictCharField(
+        min_length=Team.NAME_LENGTH[0], max_length=Team.NAME_LENGTH[1], trim_whitespace=False
+    )
+    info = StrictCharField(
+        min_length=Team.INFO_LENGTH[0],
+        max_length=Team.INFO_LENGTH[1],
+        required=False,
+        allow_null=True,
+        trim_whitespace=False,
+    )
+
+
+class TeamModifyInput(TeamCreateInput):
+    """The AI Horde's `ModifyTeamInput`: either field, or both."""
+
+    name = StrictCharField(
+        min_length=Team.NAME_LENGTH[0],
+        max_length=Team.NAME_LENGTH[1],
+        required=False,
+        allow_null=True,
+        trim_whitespace=False,
+    )
+
+
+class TeamWorkerOutput(serializers.Serializer):
+    """The AI Horde's `WorkerDetailLite`."""
+
+    type = serializers.CharField()
+    name = serializers.CharField()
+    id = serializers.UUIDField()
+    online = serializers.BooleanField()
+
+
+class TeamModelOutput(serializers.Serializer):
+    """The AI Horde's `ActiveModelLite`."""
+
+    name = serializers.CharField()
+    count = serializers.IntegerField()
+
+
+class TeamDetailsOutput(serializers.Serializer):
+    """The AI Horde's `TeamDetails` (`workers.teams.team_details`)."""
+
+    name = serializers.CharField()
+    id = serializers.UUIDField()
+    info = serializers.CharField(allow_null=True)
+    requests_fulfilled = serializers.IntegerField()
+    kudos = serializers.FloatField()
+    uptime = serializers.IntegerField()
+    creator = serializers.CharField()
+    worker_count = serializers.IntegerField()
+    workers = TeamWorkerOutput(many=True)
+    models = TeamModelOutput(many=True)
+
+
+class ModifyTeamOutput(serializers.Serializer):
+    """The AI Horde's `ModifyTeam`."""
+
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    info = serializers.CharField(allow_null=True)
+
+
+TEAM_ID = OpenApiParameter("team_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+
+
+class TeamsView(APIView):
+    @replica_reads
+    @extend_schema(operation_id="teams", responses={200: TeamDetailsOutput(many=True), 429: HordeErrorOutput})
+    def get(self, request: Request) -> Response:
+        """Every team, by name, with its workers and totals."""
+        now = clock.now()
+        return Response([teams.team_details(team, now=now) for team in teams.teams()])
+
+    @keyed_route("team_create", body=TeamCreateInput, answer=ModifyTeamOutput, refusals=ERRORS)
+    def post(self, request: Request) -> Response:
+        """Make a team: trusted accounts only (403 `UntrustedTeamCreation`)."""
+        caller = services.authenticate(api_key=request.headers.get("apikey"))
+        data = _valid(TeamCreateInput, request)
+        team = teams.create_team(caller=caller, name=data["name"], info=data.get("info"))
+        return Response(teams.changed_answer(team))
+
+
+class TeamView(APIView):
+    @replica_reads
+    @extend_schema(
+        operation_id="team",
+        parameters=[TEAM_ID, APIKEY_OPTIONAL],
+        auth=OPTIONAL_APIKEY_AUTH,
+        responses={200: TeamDetailsOutput, **ERRORS},
+    )
+    def get(self, request: Request, team_id: str) -> Response:
+        """A team's details. A key, when sent, must be its creator's or a moderator's, as the AI
+        Horde asks of it (403 `NotModerator`)."""
+        team = teams.find_team(team_id)
+        if request.headers.get("apikey") is not None:
+            viewer = services.authenticate(api_key=request.headers.get("apikey"))
+            if not team.may_change(viewer):
+                raise errors.NotModerator("Only the team's creator or a moderator may send a key here.")
+        return Response(teams.team_details(team, now=clock.now()))
+
+    @extend_schema(
+        operation_id="team_modify",
+        auth=APIKEY_AUTH,
+        parameters=[TEAM_ID, APIKEY],
+        request=TeamModifyInput,
+        responses={200: ModifyTeamOutput, **ERRORS},
+    )
+    def patch(self, request: Request, team_id: str) -> Response:
+        """Rename or describe a team, as its creator or a moderator."""
+        caller = services.authenticate(api_key=request.headers.get("apikey"))
+        data = _valid(TeamModifyInput, request)
+        team = teams.modify_team(caller=caller, team_id=team_id, name=data.get("name"), info=data.get("info"))
+        return Response(teams.changed_answer(team))
+
+    @extend_schema(
+        operation_id="team_delete",
+        auth=APIKEY_AUTH,
+        parameters=[TEAM_ID, APIKEY],
+        responses={
+            200: inline_serializer(
+                "DeletedTeam",
+                {"deleted_id": serializers.CharField(), "deleted_name": serializers.CharField()},
+            ),
+            **ERRORS,
+        },
+    )
+    def delete(self, request: Request, team_id: str) -> Response:
+        """Delete a team, as its creator or a moderator: its workers are left without one."""
+        caller = services.authenticate(api_key=request.headers.get("apikey"))
+        return Response(teams.delete_team(caller=caller, team_id=team_id))

@@ -136,3 +136,19 @@ class SharedKeyInsufficientKudos(DomainError, code="SharedKeyInsufficientKudos",
 
 class NoSharedKeyModSelected(DomainError, code="NoSharedKeyModSelected", status=400):
     default_message = "No shared key modification selected!"
+
+
+class TeamNotFound(DomainError, code="TeamNotFound", status=404):
+    default_message = "No team with that id."
+
+
+class UntrustedTeamCreation(DomainError, code="UntrustedTeamCreation", status=403):
+    default_message = "Only Trusted users are allowed to perform this operation"
+
+
+class TeamNameAlreadyExists(DomainError, code="TeamNameAlreadyExists", status=400):
+    default_message = "A team with this name already exists."
+
+
+class NoTeamModSelected(DomainError, code="NoTeamModSelected", status=400):
+    default_message = "No team modification selected!"

@@ -11,7 +11,8 @@ HORDE_MODEL. `... horde_sdk_roundtrip.py fleet FLEET_JSON` instead reads the det
 accounts the test made (`fleet`): every list and single form, public and privileged; and
 `... horde_sdk_roundtrip.py sharedkeys OWNER_KEY` makes, uses, reads, changes and deletes a
 shared key of that account's (`sharedkeys`); `... horde_sdk_roundtrip.py documents` reads the news
-and the three documents (`documents`).
+and the three documents (`documents`); `... horde_sdk_roundtrip.py teams CREATOR_KEY WORKER_KEY
+WORKER_ID` makes, lists, reads, changes and deletes a team, with that worker in it (`teams`).
 AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
 
 Every request is an SDK request model sent with the SDK's synchronous manual client, and every
@@ -51,8 +52,13 @@ from horde_sdk.ai_horde_api.apimodels import (
     AIHordeGetPrivacyPolicyRequest,
     AIHordeGetSponsorsRequest,
     AIHordeGetTermsRequest,
+    AllTeamDetailsRequest,
+    AllTeamDetailsResponse,
     AllWorkersDetailsRequest,
     AllWorkersDetailsResponse,
+    CreateTeamRequest,
+    DeleteTeamRequest,
+    DeleteTeamResponse,
     DeleteWorkerRequest,
     DeleteWorkerResponse,
     FindUserRequest,
@@ -67,6 +73,8 @@ from horde_sdk.ai_horde_api.apimodels import (
     KudosTransferRequest,
     KudosTransferResponse,
     ModelGenerationInputKobold,
+    ModifyTeam,
+    ModifyTeamRequest,
     ModifyWorkerRequest,
     ModifyWorkerResponse,
     NewsRequest,
@@ -76,10 +84,12 @@ from horde_sdk.ai_horde_api.apimodels import (
     SharedKeyDeleteResponse,
     SharedKeyDetailsRequest,
     SharedKeyModifyRequest,
+    SingleTeamDetailsRequest,
     SingleUserDetailsRequest,
     SingleWorkerDetailsRequest,
     SingleWorkerDetailsResponse,
     SingleWorkerNameDetailsRequest,
+    TeamDetails,
     TextGenerateAsyncRequest,
     TextGenerateAsyncResponse,
     TextGenerateJobPopRequest,
@@ -409,6 +419,53 @@ def sharedkeys(owner: str) -> dict[str, Any]:
     }
 
 
+def teams(creator: str, worker_key: str, worker_id: str) -> dict[str, Any]:
+    """A team of the trusted account `creator`, through every team request the SDK models: made,
+    listed, read, renamed, joined by the worker `worker_id` (its owner's `worker_key`), seen in
+    the worker's details, deleted. Every answer is parsed by its model."""
+    client = AIHordeAPIManualClient()
+    made = _send(
+        client, CreateTeamRequest(apikey=creator, name="sdk team", info="Made by horde_sdk."), ModifyTeam
+    )
+    team_id = str(made.id_)
+    joined = _send(
+        client,
+        ModifyWorkerRequest(apikey=worker_key, worker_id=worker_id, team=team_id),
+        ModifyWorkerResponse,
+    )
+    listed = _send(client, AllTeamDetailsRequest(), AllTeamDetailsResponse)
+    read = _send(client, SingleTeamDetailsRequest(team_id=team_id), TeamDetails)
+    worker = _send(client, SingleWorkerDetailsRequest(worker_id=worker_id), SingleWorkerDetailsResponse)
+    changed = _send(
+        client,
+        ModifyTeamRequest(apikey=creator, team_id=team_id, name="sdk team 2", info="Renamed."),
+        ModifyTeam,
+    )
+    deleted = _send(client, DeleteTeamRequest(apikey=creator, team_id=team_id), DeleteTeamResponse)
+    after = _send(client, SingleWorkerDetailsRequest(worker_id=worker_id), SingleWorkerDetailsResponse)
+
+    def seen(details: TeamDetails) -> dict[str, Any]:
+        return {
+            "name": details.name,
+            "creator": details.creator,
+            "worker_count": details.worker_count,
+            "workers": [str(w.id_) for w in details.workers or []],
+            "models": [(m.name, m.count) for m in details.models or []],
+            "requests_fulfilled": details.requests_fulfilled,
+        }
+
+    return {
+        "made": {"id": team_id, "name": made.name, "info": made.info},
+        "joined": joined.team,
+        "listed": [seen(team) for team in listed.root],
+        "read": seen(read),
+        "worker_team": worker.team.name if worker.team else None,
+        "changed": {"id": str(changed.id_), "name": changed.name, "info": changed.info},
+        "deleted": {"id": deleted.deleted_id, "name": deleted.deleted_name},
+        "team_after_delete": after.team.name if after.team else None,
+    }
+
+
 def documents() -> dict[str, Any]:
     """The news and the terms, privacy policy and sponsors, each parsed by its SDK model."""
     client = AIHordeAPIManualClient()
@@ -441,6 +498,8 @@ def main() -> int:
             result = fleet(json.loads(sys.argv[2]))
         elif sys.argv[1:2] == ["sharedkeys"]:
             result = sharedkeys(sys.argv[2])
+        elif sys.argv[1:2] == ["teams"]:
+            result = teams(sys.argv[2], sys.argv[3], sys.argv[4])
         elif sys.argv[1:2] == ["documents"]:
             result = documents()
         else:

@@ -159,7 +159,7 @@ def test_a_worker_a_moderator_paused_is_offered_nothing_until_a_moderator_unpaus
     assert owner.pop("paused-one", models=["m1"]).json()["id"] is not None
 
 
-def test_a_worker_takes_a_note_and_a_free_name_and_refuses_what_hordeops_does_not_have(owner, make_caller):
+def test_a_worker_takes_a_note_and_a_free_name_and_refuses_what_it_may_not_take(owner, make_caller):
     owner.pop("noted", models=["m1"])
     make_caller("other-owner").pop("taken-name")
     path = f"/api/v2/workers/{Worker.objects.get(name='noted').id}"
@@ -174,7 +174,8 @@ def test_a_worker_takes_a_note_and_a_free_name_and_refuses_what_hordeops_does_no
     assert owner.client.get("/api/v2/workers/name/noted-again").json()["info"] == "An RTX 4090 in a shed."
     assert put({"name": "taken-name"}).json()["rc"] == "WorkerNameAlreadyExists"
     assert put({}).json()["rc"] == "NoWorkerModSelected"
-    assert put({"team": "some-team"}).status_code == 400
+    no_team = put({"team": "some-team"})
+    assert (no_team.status_code, no_team.json()["rc"]) == (404, "TeamNotFound")
     assert (put({"paused": True}).status_code, put({"paused": True}).json()["rc"]) == (403, "NotModerator")
     assert put({"name": "abc"}).json()["rc"] == "ValidationError"  # at least 5 characters
     assert put({"maintenance": "yes"}).json()["rc"] == "ValidationError"
