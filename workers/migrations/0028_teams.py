@@ -15,7 +15,7 @@ def moderators_keep_teams(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("workers", "0026_moderators_see_shared_keys"),
+        ("workers", "0027_worker_capabilities"),
         # The group's permissions are set whole: every app's that it holds must exist by now.
         ("front", "0002_moderators_write_news"),
     ]
