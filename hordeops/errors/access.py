@@ -136,3 +136,14 @@ class SharedKeyInsufficientKudos(DomainError, code="SharedKeyInsufficientKudos",
 
 class NoSharedKeyModSelected(DomainError, code="NoSharedKeyModSelected", status=400):
     default_message = "No shared key modification selected!"
+
+
+class MessagesOnlyOwnWorkers(Forbidden, code="MessagesOnlyOwnWorkers"):
+    default_message = "You can only send messages to your own workers."
+
+
+class WorkerMessageNotFound(DomainError, code="WorkermessageNotFound", status=404):
+    """The AI Horde's `ThingNotFound("WorkerMessage", id)`, whose rc and words it capitalizes so."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"Workermessage with ID '{message_id}' not found.")
