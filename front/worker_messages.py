@@ -114,6 +114,7 @@ class MessageInput(serializers.Serializer):
     )
 
 
+MAX_PAGE = 10**9
 ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404, 429)}
 MESSAGE_ID = OpenApiParameter("message_id", OpenApiTypes.STR, OpenApiParameter.PATH)
 
@@ -128,10 +129,15 @@ class WorkerMessagesView(APIView):
         auth=APIKEY_AUTH,
         parameters=[
             APIKEY,
-            OpenApiParameter("user_id", str, description="A moderator's filter: that user's workers."),
+            OpenApiParameter(
+                "user_id",
+                {"type": "string", "pattern": "^[0-9]{0,18}$"},
+                description="A user's numerical id: a moderator's filter (that user's workers); "
+                "anyone else may name only themselves.",
+            ),
             OpenApiParameter("worker_id", OpenApiTypes.UUID),
             OpenApiParameter("validity", str, enum=list(messages.VALIDITIES), default="active"),
-            OpenApiParameter("page", {"type": "integer", "minimum": 1, "maximum": 10**9}, default=1),
+            OpenApiParameter("page", {"type": "integer", "minimum": 1, "maximum": MAX_PAGE}, default=1),
         ],
         responses={200: MessageOutput(many=True), **ERRORS},
     )
@@ -146,13 +152,13 @@ class WorkerMessagesView(APIView):
             except ValueError:
                 raise errors.BadRequest("worker_id must be a worker's id (a UUID).") from None
         raw_page = params.get("page")
-        page = 1 if raw_page is None else ascii_int(raw_page, max_digits=9)
-        if not page:
-            raise errors.BadRequest("page must be a whole number from 1.")
+        page = 1 if raw_page is None else ascii_int(raw_page, max_digits=10)
+        if not page or page > MAX_PAGE:
+            raise errors.BadRequest(f"page must be a whole number from 1 to {MAX_PAGE}.")
         return Response(
             messages.listed(
                 viewer=viewer,
-                user_id=params.get("user_id"),
+                user_id=params.get("user_id") or None,  # empty: not given
                 worker_id=worker_id,
                 validity=params.get("validity") or "active",
                 page=page,
