@@ -313,3 +313,21 @@ def test_horde_sdk_in_strict_mode_sends_lists_reads_and_deletes_worker_messages(
     assert seen["listed"] == [by_moderator, by_owner] and seen["read"] == by_moderator
     assert (seen["deleted"], seen["owner_deleting_the_moderators"]) == ("OK", "Forbidden")
     assert list(WorkerMessage.objects.values_list("pk", flat=True)) == [int(by_moderator["id"])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_blocks_a_workers_address_and_lifts_it(live_server, tmp_path) -> None:
+    from workers.models import AddressTimeout
+
+    moderator, moderator_key = create_account(name="sdk-block-moderator")
+    Account.objects.filter(pk=moderator.pk).update(moderator=True)
+    owner, owner_key = create_account(name="sdk-block-owner")
+    Caller(account=owner, api_key=owner_key, client=APIClient(REMOTE_ADDR="203.0.113.9")).pop("sdk-blocked")
+    worker = Worker.objects.get(name="sdk-blocked")
+
+    seen = _run_script(
+        f"{live_server.url}/api/", ["blockworker", moderator_key, str(worker.pk)], tmp_path, strict=True
+    )
+
+    assert seen == {"blocked": "OK", "lifted": "OK"}
+    assert not AddressTimeout.objects.exists()  # set, then lifted

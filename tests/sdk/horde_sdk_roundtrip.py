@@ -12,7 +12,9 @@ accounts the test made (`fleet`): every list and single form, public and privile
 `... horde_sdk_roundtrip.py sharedkeys OWNER_KEY` makes, uses, reads, changes and deletes a
 shared key of that account's (`sharedkeys`); `... horde_sdk_roundtrip.py documents` reads the news
 and the three documents (`documents`); `... horde_sdk_roundtrip.py workermessages MODERATOR_KEY
-OWNER_KEY WORKER_ID` sends, lists, reads and deletes messages to a worker (`workermessages`).
+OWNER_KEY WORKER_ID` sends, lists, reads and deletes messages to a worker (`workermessages`);
+`... horde_sdk_roundtrip.py blockworker MODERATOR_KEY WORKER_ID` times out a worker's address and
+lifts it (`blockworker`).
 AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
 
 Every request is an SDK request model sent with the SDK's synchronous manual client, and every
@@ -55,7 +57,11 @@ from horde_sdk.ai_horde_api.apimodels import (
     AllWorkerMessagesRequest,
     AllWorkersDetailsRequest,
     AllWorkersDetailsResponse,
+    BlockWorkerIPAddressRequest,
+    BlockWorkerIPAddressResponse,
     CreateWorkerMessageRequest,
+    DeleteWorkerIPAddressRequest,
+    DeleteWorkerIPAddressResponse,
     DeleteWorkerMessageRequest,
     DeleteWorkerMessageResponse,
     DeleteWorkerRequest,
@@ -488,6 +494,22 @@ def workermessages(moderator: str, owner: str, worker_id: str) -> dict[str, Any]
     }
 
 
+def blockworker(moderator: str, worker_id: str) -> dict[str, Any]:
+    """A moderator times out a worker's address and lifts it, each answer parsed by its model."""
+    client = AIHordeAPIManualClient()
+    blocked = _send(
+        client,
+        BlockWorkerIPAddressRequest(apikey=moderator, worker_id=worker_id, days=3),
+        BlockWorkerIPAddressResponse,
+    )
+    lifted = _send(
+        client,
+        DeleteWorkerIPAddressRequest(apikey=moderator, worker_id=worker_id),
+        DeleteWorkerIPAddressResponse,
+    )
+    return {"blocked": blocked.message, "lifted": lifted.message}
+
+
 def main() -> int:
     try:
         base_url = os.environ.get("AI_HORDE_URL", "")
@@ -502,6 +524,8 @@ def main() -> int:
             result = fleet(json.loads(sys.argv[2]))
         elif sys.argv[1:2] == ["sharedkeys"]:
             result = sharedkeys(sys.argv[2])
+        elif sys.argv[1:2] == ["blockworker"]:
+            result = blockworker(*sys.argv[2:4])
         elif sys.argv[1:2] == ["workermessages"]:
             result = workermessages(*sys.argv[2:5])
         elif sys.argv[1:2] == ["documents"]:
