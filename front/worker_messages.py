@@ -43,7 +43,10 @@ API_USER = "horde-api"
 def _log(account: Account, row: WorkerMessage, flag: int, what: str) -> None:
     user_id = account.user_id
     if user_id is None:
-        user, _ = get_user_model().objects.get_or_create(username=API_USER, defaults={"is_active": False})
+        user, made = get_user_model().objects.get_or_create(username=API_USER, defaults={"is_active": False})
+        if made:  # no one signs in as it
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
         user_id = user.pk
     LogEntry.objects.log_actions(
         user_id=user_id,

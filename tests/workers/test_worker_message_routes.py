@@ -66,6 +66,12 @@ def test_a_moderator_writes_a_message_to_a_worker_and_its_next_pop_carries_it(
     [entry] = LogEntry.objects.all()
     assert (entry.action_flag, entry.object_id) == (ADDITION, str(row.pk))
     assert entry.change_message == f"Sent through the API by boss#{api_moderator.account.pk}"
+    # A key's account has no sign-in user: the entry is the inactive API user's.
+    assert (entry.user.username, entry.user.is_active, entry.user.has_usable_password()) == (
+        "horde-api",
+        False,
+        False,
+    )
 
     clock.shift(timedelta(hours=2))
     assert owner.pop("told").json()["messages"] == []
