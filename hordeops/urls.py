@@ -1,8 +1,8 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from front import documents
+from front import documents, worker_messages
 from hordeops import api
 from hordeops.views import HeartbeatView
 from jobs import chat, chat_models
@@ -10,6 +10,13 @@ from jobs import chat, chat_models
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v2/", include("jobs.urls")),
+    # Before `workers/{id}`, which would read "messages" as a worker's id.
+    path("api/v2/workers/messages", worker_messages.WorkerMessagesView.as_view(), name="worker-messages"),
+    re_path(
+        r"^api/v2/workers/messages/(?P<message_id>[^/]*)$",
+        worker_messages.WorkerMessageView.as_view(),
+        name="worker-message",
+    ),
     path("api/v2/", include("workers.urls")),
     path("api/v2/", include("kudos.urls")),
     path("api/v2/status/heartbeat", HeartbeatView.as_view(), name="heartbeat"),

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from rest_framework.test import APIClient
 
 from jobs.models import Generation, TextRequest
 from tests.conftest import Caller, give_kudos
@@ -294,3 +295,67 @@ def test_horde_sdk_in_strict_mode_reads_the_news_and_the_documents(live_server, 
         "privacy": {"html": "", "markdown": None},
         "sponsors": {"html": "", "markdown": None},
     }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_sends_lists_reads_and_deletes_worker_messages(
+    live_server, tmp_path
+) -> None:
+    """Each of the SDK's four worker-message requests is served; the answers are the AI Horde's,
+    which the SDK's own message model refuses, and only for the fields the AI Horde answers and it
+    lacks or mistypes (its `expiry` an integer, no `id`, `user_id` or `created`)."""
+    from workers.models import WorkerMessage
+
+    moderator, moderator_key = create_account(name="sdk-message-moderator")
+    Account.objects.filter(pk=moderator.pk).update(moderator=True)
+    owner, owner_key = create_account(name="sdk-message-owner")
+    Caller(account=owner, api_key=owner_key, client=APIClient()).pop("sdk-messaged")
+    worker = Worker.objects.get(name="sdk-messaged")
+
+    seen = _run_script(
+        f"{live_server.url}/api/",
+        ["workermessages", moderator_key, owner_key, str(worker.pk)],
+        tmp_path,
+        strict=True,
+    )
+
+    sdk_model_gaps = [
+        "created:extra_forbidden",
+        "expiry:int_parsing",
+        "id:extra_forbidden",
+        "user_id:extra_forbidden",
+    ]
+    assert seen["refused_fields"] == {
+        "sent": sdk_model_gaps,
+        "own": sdk_model_gaps,
+        "listed": sdk_model_gaps,
+        "read": sdk_model_gaps,
+    }
+    by_moderator, by_owner = seen["by_moderator"], seen["by_owner"]
+    assert (by_moderator["worker_id"], by_moderator["origin"], by_moderator["user_id"]) == (
+        str(worker.pk),
+        "Mods",
+        str(moderator.pk),
+    )
+    assert by_owner["origin"] == str(owner.pk)  # an owner's origin is their id
+    assert seen["listed"] == [by_moderator, by_owner] and seen["read"] == by_moderator
+    assert (seen["deleted"], seen["owner_deleting_the_moderators"]) == ("OK", "Forbidden")
+    assert list(WorkerMessage.objects.values_list("pk", flat=True)) == [int(by_moderator["id"])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_blocks_a_workers_address_and_lifts_it(live_server, tmp_path) -> None:
+    from workers.models import AddressTimeout
+
+    moderator, moderator_key = create_account(name="sdk-block-moderator")
+    Account.objects.filter(pk=moderator.pk).update(moderator=True)
+    owner, owner_key = create_account(name="sdk-block-owner")
+    Caller(account=owner, api_key=owner_key, client=APIClient(REMOTE_ADDR="203.0.113.9")).pop("sdk-blocked")
+    worker = Worker.objects.get(name="sdk-blocked")
+
+    seen = _run_script(
+        f"{live_server.url}/api/", ["blockworker", moderator_key, str(worker.pk)], tmp_path, strict=True
+    )
+
+    assert seen == {"blocked": "OK", "lifted": "OK"}
+    assert not AddressTimeout.objects.exists()  # set, then lifted

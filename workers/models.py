@@ -367,15 +367,24 @@ class Suspicion(models.Model):
         return f"{self.get_reason_display()}: {self.detail}"
 
 
+# The AI Horde's bound on a message (`input_model_message`).
+MESSAGE_MAX_LENGTH = 10240
+
+
 class WorkerMessage(models.Model):
     """A moderator's message to a worker, delivered in each of its pops' `messages` until it
     expires (the AI Horde's worker messages; `workers.messages`)."""
 
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="messages")
-    message = models.TextField(max_length=2000)
+    message = models.TextField(max_length=MESSAGE_MAX_LENGTH)
     origin = models.CharField(max_length=255, default="Horde moderators")
     expiry = models.DateTimeField(db_index=True)
     created_by = models.CharField(max_length=150, blank=True, default="")
+    # The account whose key wrote it through the API (the AI Horde's `user_id`): it may delete
+    # it. None for a message written in the admin.
+    author = models.ForeignKey(
+        Account, on_delete=models.SET_NULL, null=True, blank=True, editable=False, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -193,6 +193,43 @@ def lift_address_timeouts(*, networks: list[str], by: str, now: datetime) -> int
     return lifted
 
 
+def _worker_address(worker_id: UUID) -> tuple[Worker, str]:
+    """The live worker and the address its timeout is named by, or the AI Horde's refusals."""
+    worker = Worker.objects.live().filter(pk=worker_id).first()
+    if worker is None:
+        raise errors.WorkerNotFound(f"Worker with ID '{worker_id}' not found.")
+    if not worker.address:
+        raise errors.BadRequest(
+            "This worker has no known address: it has not popped since addresses are kept."
+        )
+    try:
+        name = timeouts.shown(timeouts.network_to_time_out(worker.address))
+    except ValueError:  # RefusedNetwork too: its words would show the address
+        raise errors.BadRequest(
+            "This worker's address cannot be put into timeout (the horde's own or its proxy's)."
+        ) from None
+    return worker, name
+
+
+def block_worker_address(*, worker_id: UUID, days: int, by: str, now: datetime) -> AddressTimeout:
+    """Put a worker's address into timeout for `days` (an IPv6 one as its /64), the moderator
+    never seeing it (the AI Horde's `/v2/operations/block_worker_ipaddr`)."""
+    worker, name = _worker_address(worker_id)
+    return time_out_address(
+        network=name,
+        until=now + timedelta(days=days),
+        reason=f"address of worker {worker.name}",
+        by=by,
+        now=now,
+    )
+
+
+def unblock_worker_address(*, worker_id: UUID, by: str, now: datetime) -> int:
+    """End the timeout of a worker's address, as `block_worker_address` set it."""
+    _, name = _worker_address(worker_id)
+    return lift_address_timeouts(networks=[name], by=by, now=now)
+
+
 def _timeout_name(network: str) -> str:
     """An address or network as its timeout is named (`AddressTimeout.network`), or 400; its
     bounds are not checked here (a timeout set before them may still be lifted)."""

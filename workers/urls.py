@@ -14,6 +14,11 @@ urlpatterns = [
     re_path(r"^sharedkeys/(?P<sharedkey_id>[^/]*)$", views.SharedKeyView.as_view(), name="sharedkey"),
     path("operations/ipaddr", views.OperationsIPView.as_view(), name="operations-ipaddr"),
     re_path(
+        r"^operations/block_worker_ipaddr/(?P<worker_id>[^/]*)$",
+        views.OperationsBlockWorkerIPView.as_view(),
+        name="operations-block-worker-ip",
+    ),
+    re_path(
         r"^operations/ipaddr/(?P<ipaddr>.+)$", views.OperationsIPSingleView.as_view(), name="operations-ip"
     ),
 ]

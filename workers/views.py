@@ -25,7 +25,7 @@ from hordeops.serializers import (
     keyed_route,
 )
 from workers import services, shared_keys, teams
-from workers.details import TEXT, online_workers, privileged_details, worker_details
+from workers.details import TEXT, online_workers, privileged_details, unique_alias, worker_details
 from workers.models import MAX_TIMEOUT_HOURS, Account, AddressTimeout, Team, Worker
 
 APIKEY_OPTIONAL = OpenApiParameter("apikey", str, OpenApiParameter.HEADER, required=False)
@@ -270,6 +270,53 @@ class OperationsIPSingleView(APIView):
         except ValueError:
             raise errors.BadRequest("Invalid IP Address") from None
         return Response(_timeouts_answer(holding))
+
+
+class BlockWorkerInput(serializers.Serializer):
+    """The AI Horde's `AddWorkerTimeout`."""
+
+    days = StrictIntegerField(
+        min_value=1, max_value=30, help_text="For how many days to put this worker's IP in timeout."
+    )
+
+
+class OperationsBlockWorkerIPView(APIView):
+    """The AI Horde's `/v2/operations/block_worker_ipaddr/{worker_id}`: a moderator times out a
+    worker's address, or lifts that timeout, without seeing the address."""
+
+    def _id(self, raw: str) -> UUID:
+        try:
+            return UUID(raw)
+        except ValueError:
+            raise errors.WorkerNotFound(f"Worker with ID '{raw}' not found.") from None
+
+    @extend_schema(
+        operation_id="operations_block_worker_ip",
+        auth=APIKEY_AUTH,
+        parameters=[WORKER_ID, APIKEY],
+        request=BlockWorkerInput,
+        responses={200: SIMPLE, **ERRORS},
+    )
+    def put(self, request: Request, worker_id: str) -> Response:
+        moderator = _moderator(request)
+        data = _valid(BlockWorkerInput, request)
+        services.block_worker_address(
+            worker_id=self._id(worker_id), days=data["days"], by=unique_alias(moderator), now=clock.now()
+        )
+        return Response({"message": "OK"})
+
+    @extend_schema(
+        operation_id="operations_unblock_worker_ip",
+        auth=APIKEY_AUTH,
+        parameters=[WORKER_ID, APIKEY],
+        responses={200: SIMPLE, **ERRORS},
+    )
+    def delete(self, request: Request, worker_id: str) -> Response:
+        moderator = _moderator(request)
+        services.unblock_worker_address(
+            worker_id=self._id(worker_id), by=unique_alias(moderator), now=clock.now()
+        )
+        return Response({"message": "OK"})
 
 
 def _valid(serializer_class, request: Request) -> dict:

@@ -152,3 +152,14 @@ class TeamNameAlreadyExists(DomainError, code="TeamNameAlreadyExists", status=40
 
 class NoTeamModSelected(DomainError, code="NoTeamModSelected", status=400):
     default_message = "No team modification selected!"
+
+
+class MessagesOnlyOwnWorkers(Forbidden, code="MessagesOnlyOwnWorkers"):
+    default_message = "You can only send messages to your own workers."
+
+
+class WorkerMessageNotFound(DomainError, code="WorkermessageNotFound", status=404):
+    """The AI Horde's `ThingNotFound("WorkerMessage", id)`, whose rc and words it capitalizes so."""
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(f"Workermessage with ID '{message_id}' not found.")
