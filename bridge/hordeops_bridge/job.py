@@ -4,6 +4,7 @@ The payload is the AI Horde's KoboldAI parameters (`max_length`, `temperature`, 
 `stop_sequence`, ...) plus `prompt`, and for a chat job `messages` as the requester sent them.
 """
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -115,6 +116,25 @@ def context_budget(job: Job, *, context_limit: int) -> int:
 
 # What a chat template adds around each message, in tokens, roughly (ChatML's markers).
 TEMPLATE_TOKENS_PER_MESSAGE = 5
+# Bounds no tokenizer passes: byte fallback spells an unknown byte as one token, and a space as
+# the three bytes of SentencePiece's word mark; a template's markers, spelled out byte by byte.
+MOST_TOKENS_PER_BYTE = 3
+MOST_TEMPLATE_TOKENS_PER_MESSAGE = 64
+MOST_FRAME_TOKENS = 64  # the start of text, the generation prompt
+
+
+def surely_fits(request: Request, *, budget: int) -> bool:
+    """Whether `request` fits in `budget` tokens whatever the tokenizer: then it needs no count,
+    which costs a call to the backend (one that serves a request at a time queues it behind
+    the replies it is generating)."""
+    if request.messages is not None:
+        # The whole of it, tool calls and tools too, which a template writes into the prompt.
+        text = json.dumps([request.messages, request.sampling], ensure_ascii=False)
+        frames = len(request.messages)
+    else:
+        text, frames = request.prompt, 0
+    most = MOST_TOKENS_PER_BYTE * len(text.encode()) + MOST_TEMPLATE_TOKENS_PER_MESSAGE * frames
+    return most + MOST_FRAME_TOKENS + request.max_tokens <= budget
 
 
 def _chat_text(messages: list[dict[str, Any]]) -> str:
@@ -131,8 +151,10 @@ async def fit(request: Request, *, budget: int, count) -> Request:
     A text prompt loses its start (as KoboldAI trims a story: the end is what the reply
     continues). A chat loses its oldest turns after any system or developer messages, never
     the last one. If the reply still does not fit, it is shortened, down to MIN_REPLY_TOKENS.
-    `count(text)` is the backend's token count of a text.
+    `count(text)` is the backend's token count of a text, not asked when it surely fits.
     """
+    if surely_fits(request, budget=budget):
+        return request
     notes = []
     if request.messages is not None:
         messages = list(request.messages)
