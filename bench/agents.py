@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,45 +37,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     bench_env,
+    create_account,
     empty_redis,
     free_port,
     percentile,
     prepare_database,
     python_loop_seconds,
+    start_bridge,
     start_stack,
     terminate,
 )
 from tests.bridge.engine import ENGINE_PYTHON, Engine, write_model  # noqa: E402
+from tests.bridge.test_agents import CITIES, SCHEMA, TOOLS  # noqa: E402  (the tests' own tool)
 
 DB_NAME = "hordeops_bench_agents"
 REDIS_DB = 6
 MODEL_FILE = "hordeops-agents"
 MODEL = f"openai/{MODEL_FILE}"
-CITIES = ["Oslo", "Paris"]
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        # An enum: the grammar then ends the string, where random weights might never.
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "enum": CITIES}},
-            "required": ["city"],
-        },
-    },
-}
-SCHEMA = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "enum": CITIES}, "rain": {"type": "boolean"}},
-    "required": ["city", "rain"],
-    "additionalProperties": False,
-}
 KINDS = {
     "plain": {"max_tokens": 24},
     "tool_call": {
         "max_tokens": 48,
-        "tools": [TOOL],
+        "tools": TOOLS,
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
     },
     "json_schema": {
@@ -149,26 +131,12 @@ def main() -> None:
     engine = Engine(model, chat_format="chatml-function-calling").start()
     bridge = None
     try:
-
-        def account(name: str) -> str:
-            done = subprocess.run(
-                [sys.executable, "manage.py", "create_account", f"{name}-{port}"],
-                cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            return done.stdout.split()[-1]
-
-        owner, requester = account("bench-owner"), account("bench-requester")
-        log = open(rundir / "bridge.log", "w")  # noqa: SIM115
-        bridge = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "hordeops-bridge"), "-u", stack_url, f"--api_key={owner}",
-             "-n", f"bench-agents-{port}", "--backend_url", engine.url, "--threads", "1",
-             "--max_length", "256", "--tools", "--structured_outputs"],
-            stdout=log, stderr=subprocess.STDOUT,
+        owner = create_account(f"bench-owner-{port}", env)
+        requester = create_account(f"bench-requester-{port}", env)
+        bridge = start_bridge(
+            stack_url, owner, f"bench-agents-{port}", engine.url, rundir / "bridge.log",
+            "--threads", "1", "--max_length", "256", "--tools", "--structured_outputs",
         )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{stack_url}/api/v2/workers/name/bench-agents-{port}").status_code != 200:
-            assert time.monotonic() < deadline and bridge.poll() is None, (rundir / "bridge.log").read_text()
-            time.sleep(0.2)
         for kind in KINDS:  # the first calls of each kind are slow, both ways
             measure(kind, 1, engine, stack_url, requester)
         runs = []
@@ -183,7 +151,8 @@ def main() -> None:
             "runs": runs,
         }, indent=2))  # fmt: skip
     except BaseException:
-        note(f"--- the bridge's log ---\n{(rundir / 'bridge.log').read_text()[-3000:]}")
+        if (rundir / "bridge.log").exists():
+            note(f"--- the bridge's log ---\n{(rundir / 'bridge.log').read_text()[-3000:]}")
         raise
     finally:
         terminate([bridge] if bridge else [], timeout=40)

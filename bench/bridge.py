@@ -44,7 +44,6 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,11 +58,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     bench_env,
+    create_account,
     empty_redis,
     free_port,
     percentile,
     prepare_database,
     python_loop_seconds,
+    start_bridge,
     start_stack,
     terminate,
 )
@@ -366,27 +367,13 @@ def main() -> None:
     proxy = TimingProxy(engine.url)
     bridge = None
     try:
-
-        def account(name: str) -> str:
-            done = subprocess.run(
-                [sys.executable, "manage.py", "create_account", f"{name}-{port}"],
-                cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            return done.stdout.split()[-1]
-
-        owner, requester = account("bench-owner"), account("bench-requester")
-        log = open(rundir / "bridge.log", "w")  # noqa: SIM115
-        bridge = subprocess.Popen(
-            [str(ROOT / ".venv" / "bin" / "hordeops-bridge"), "-u", stack_url, f"--api_key={owner}",
-             "-n", f"bench-bridge-{port}", "--backend_url", proxy.url, "--threads", str(max(sizes)),
-             "--max_length", "2048", "--pop_interval", str(args.pop_interval),
-             "--pop_wait", str(args.pop_wait)],
-            stdout=log, stderr=subprocess.STDOUT,
+        owner = create_account(f"bench-owner-{port}", env)
+        requester = create_account(f"bench-requester-{port}", env)
+        bridge = start_bridge(
+            stack_url, owner, f"bench-bridge-{port}", proxy.url, rundir / "bridge.log",
+            "--threads", str(max(sizes)), "--max_length", "2048", "--pop_interval", str(args.pop_interval),
+            "--pop_wait", str(args.pop_wait),
         )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while httpx.get(f"{stack_url}/api/v2/workers/name/bench-bridge-{port}").status_code != 200:
-            assert time.monotonic() < deadline and bridge.poll() is None, (rundir / "bridge.log").read_text()
-            time.sleep(0.2)
         # One short stream each way first: the engine's and the stack's first calls are slow.
         (streams_apart(f"{engine.url}/v1/chat/completions", 1, 16, {}, "warm"))
         streams_apart(
@@ -412,7 +399,8 @@ def main() -> None:
         }
         print(json.dumps(report, indent=2))
     except BaseException:
-        note(f"--- the bridge's log ---\n{(rundir / 'bridge.log').read_text()[-3000:]}")
+        if (rundir / "bridge.log").exists():
+            note(f"--- the bridge's log ---\n{(rundir / 'bridge.log').read_text()[-3000:]}")
         raise
     finally:
         for pool in _requesters:

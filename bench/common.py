@@ -218,6 +218,35 @@ def start_stack(
     return [web, *celery]
 
 
+def create_account(name: str, env: dict[str, str]) -> str:
+    """A new account's API key, made as an operator makes one (`manage.py create_account`)."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", "create_account", name],
+        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return done.stdout.split()[-1]
+
+
+def start_bridge(stack_url: str, api_key: str, name: str, backend_url: str, log: Path, *options: str):
+    """The bridge as a volunteer runs it (`.venv/bin/hordeops-bridge`), worker `name` in front of
+    `backend_url`, logging to `log`; returned once the horde lists its worker. End it with
+    `terminate`."""
+    import httpx
+
+    bridge = subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "hordeops-bridge"), "-u", stack_url, f"--api_key={api_key}",
+         "-n", name, "--backend_url", backend_url, *options],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{stack_url}/api/v2/workers/name/{name}").status_code != 200:
+        if time.monotonic() > deadline or bridge.poll() is not None:
+            terminate([bridge])
+            raise RuntimeError(f"the bridge did not come up:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return bridge
+
+
 def setup_django(name: str, env: dict[str, str] | None = None) -> None:
     """The bench's database ready (`prepare_database`), this process set on it and on `env`
     (its servers' environment), and Django set up."""

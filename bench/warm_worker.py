@@ -39,11 +39,13 @@ sys.path.insert(0, str(ROOT))
 from bench.bridge import TimingProxy  # noqa: E402
 from bench.common import (  # noqa: E402
     bench_env,
+    create_account,
     empty_redis,
     free_port,
     percentile,
     prepare_database,
     python_loop_seconds,
+    start_bridge,
     start_stack,
     terminate,
 )
@@ -114,28 +116,13 @@ def run_setting(window: str, args, engines: list[Engine], proxies: list[TimingPr
     stack_url = f"http://127.0.0.1:{port}"
     bridges: list[subprocess.Popen] = []
     try:
-
-        def account(name: str) -> str:
-            done = subprocess.run(
-                [sys.executable, "manage.py", "create_account", f"{name}-{port}"],
-                cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-            )  # fmt: skip
-            return done.stdout.split()[-1]
-
-        owner, requester = account("bench-owner"), account("bench-requester")
+        owner = create_account(f"bench-owner-{port}", env)
+        requester = create_account(f"bench-requester-{port}", env)
         for index, proxy in enumerate(proxies):
-            log = open(rundir / f"bridge-{index}.log", "w")  # noqa: SIM115
-            bridges.append(subprocess.Popen(
-                [str(ROOT / ".venv" / "bin" / "hordeops-bridge"), "-u", stack_url, f"--api_key={owner}",
-                 "-n", f"bench-warm-{index}-{port}", "--backend_url", proxy.url, "--threads", "1",
-                 "--max_length", "256", "--max_context_length", "4096"],
-                stdout=log, stderr=subprocess.STDOUT,
+            bridges.append(start_bridge(
+                stack_url, owner, f"bench-warm-{index}-{port}", proxy.url, rundir / f"bridge-{index}.log",
+                "--threads", "1", "--max_length", "256", "--max_context_length", "4096",
             ))  # fmt: skip
-        deadline = time.monotonic() + 60
-        for index in range(len(proxies)):
-            while httpx.get(f"{stack_url}/api/v2/workers/name/bench-warm-{index}-{port}").status_code != 200:
-                assert time.monotonic() < deadline, (rundir / f"bridge-{index}.log").read_text()
-                time.sleep(0.2)
         url = f"{stack_url}/v1/chat/completions"
         ttfts, warm, follow_ups = [], 0, 0
         before = evaluated(engines)
