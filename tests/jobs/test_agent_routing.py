@@ -165,3 +165,37 @@ def test_v1_models_says_which_models_have_online_workers_for_tools_and_structure
     listed = requester.client.get("/v1/models", HTTP_AUTHORIZATION=f"Bearer {requester.api_key}").json()
     parameters = {model["id"]: model["supported_parameters"] for model in listed["data"]}
     assert "tools" not in parameters[MODEL]  # its tool worker said goodbye
+
+
+def test_a_chat_with_tools_falls_back_to_a_listed_model_whose_worker_declares_them(requester, owner):
+    _pop(owner, "plain")  # the first model's only worker takes no tools
+    owner.pop("agent", models=["tool-model"], chat=True, max_length=1024, max_context_length=8192, tools=True)
+    request = create_reply_request(
+        account=requester.account,
+        address="",
+        model=MODEL,
+        fallbacks=("tool-model",),
+        messages=[{"role": "user", "content": "hi"}],
+        max_length=32,
+        params={"tools": TOOLS},
+        needs={"tools": "tools"},
+    )
+    assert request.requested_models == ["tool-model"] and request.needs_tools
+    with pytest.raises(errors.CapabilityNotServed):  # without the fallback: refused at once
+        create_reply_request(
+            account=requester.account,
+            address="",
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_length=32,
+            params={"tools": TOOLS},
+            needs={"tools": "tools"},
+        )
+
+
+def test_tools_with_several_choices_are_refused_naming_n(requester, owner):
+    _pop(owner, "agent", tools=True)
+    refused = _chat(requester, tools=TOOLS, n=2)
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["param"] == "n"
+    assert not TextRequest.objects.exists()
