@@ -129,7 +129,7 @@ def surely_fits(request: Request, *, budget: int) -> bool:
     the replies it is generating)."""
     if request.messages is not None:
         # The whole of it, tool calls and tools too, which a template writes into the prompt.
-        text = json.dumps([request.messages, request.sampling], ensure_ascii=False)
+        text = json.dumps([request.messages, request.sampling, request.agent], ensure_ascii=False)
         frames = len(request.messages)
     else:
         text, frames = request.prompt, 0

@@ -57,5 +57,5 @@ def test_tools_a_template_writes_into_the_prompt_count_against_the_bound() -> No
     messages = [{"role": "user", "content": "hi"}]
     tool = {"type": "function", "function": {"name": "lookup", "parameters": {"description": "x" * 600}}}
     plain = Request(max_tokens=200, messages=messages)
-    with_tools = Request(max_tokens=200, messages=messages, sampling={"tools": [tool]})
+    with_tools = Request(max_tokens=200, messages=messages, agent={"tools": [tool]})
     assert surely_fits(plain, budget=2048) and not surely_fits(with_tools, budget=2048)
