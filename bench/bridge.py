@@ -240,11 +240,8 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
     # engine's is what the horde adds beyond it.
     added_p99 = percentile(firsts["horde"], 0.99) - percentile(firsts["direct"], 0.99)
     last_token, first_token = [], []
-    phases: dict[str, list[float]] = {"to_bridge": [], "fit": [], "engine": [], "relay": []}
     for index, stream in enumerate(horde):
         passed = proxy.passed[f"Story h{n} {index}."]
-        for name, value in _phases(proxy, f"Story h{n} {index}.", stream).items():
-            phases[name].append(value)
         before = 0
         for arrived, characters in stream["pieces"]:
             # The tokens that make up this piece: the first and the last that passed the proxy.
@@ -261,7 +258,7 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
                                    "ratio": round(horde_wall / direct_wall, 3)},
         "ttft_ms": {"direct_p50": ms(ttft_direct), "horde_p50": ms(ttft_horde),
                     "added_p50": ms(ttft_horde - ttft_direct), "added_p99": ms(added_p99),
-                    "phases_p50": {name: ms(percentile(values, 0.5)) for name, values in phases.items()}},
+                    "phases_p50": _phases_p50(proxy, [(f"Story h{n} {i}.", s) for i, s in enumerate(horde)])},
         "delta_latency_ms": {"p50": ms(percentile(last_token, 0.5)), "p99": ms(percentile(last_token, 0.99)),
                              "from_first_token_p50": ms(percentile(first_token, 0.5)),
                              "from_first_token_p99": ms(percentile(first_token, 0.99)),
@@ -274,22 +271,27 @@ def first_tokens(count: int, engine: Engine, stack_url: str, key: str, proxy: Ti
     moment (the bridge idle in its waiting pop): the first token's added time, p50 and p99, and
     where it went (p50 of each phase)."""
     added: list[float] = []
-    phases: dict[str, list[float]] = {"to_bridge": [], "fit": [], "engine": [], "relay": []}
+    followed: list[tuple[str, dict]] = []
     for index in range(count):
         time.sleep(random.uniform(0.2, 0.6))
-        direct = (streams_apart(f"{engine.url}/v1/chat/completions", 1, 8, {}, f"fd{index}"))[0]
+        direct = streams_apart(f"{engine.url}/v1/chat/completions", 1, 8, {}, f"fd{index}")[0]
         time.sleep(random.uniform(0.2, 0.6))
         headers = {"Authorization": f"Bearer {key}"}
-        horde = (streams_apart(f"{stack_url}/v1/chat/completions", 1, 8, headers, f"fh{index}"))[0]
+        horde = streams_apart(f"{stack_url}/v1/chat/completions", 1, 8, headers, f"fh{index}")[0]
         added.append((horde["pieces"][0][0] - horde["sent"]) - (direct["pieces"][0][0] - direct["sent"]))
-        for name, value in _phases(proxy, f"Story fh{index} 0.", horde).items():
-            phases[name].append(value)
+        followed.append((f"Story fh{index} 0.", horde))
     return {
         "requests": count,
         "added_ms": {"p50": ms(percentile(added, 0.5)), "p99": ms(percentile(added, 0.99)),
                      "max": ms(max(added))},
-        "phases_p50_ms": {name: ms(percentile(values, 0.5)) for name, values in phases.items()},
+        "phases_p50_ms": _phases_p50(proxy, followed),
     }  # fmt: skip
+
+
+def _phases_p50(proxy: TimingProxy, streams: list[tuple[str, dict]]) -> dict[str, float]:
+    """The p50 of each phase (`_phases`) over horde streams, each with its last message."""
+    each = [_phases(proxy, content, stream) for content, stream in streams]
+    return {name: ms(percentile([phases[name] for phases in each], 0.5)) for name in each[0]}
 
 
 def _phases(proxy: TimingProxy, content: str, stream: dict) -> dict[str, float]:
@@ -375,7 +377,7 @@ def main() -> None:
             "--pop_wait", str(args.pop_wait),
         )  # fmt: skip
         # One short stream each way first: the engine's and the stack's first calls are slow.
-        (streams_apart(f"{engine.url}/v1/chat/completions", 1, 16, {}, "warm"))
+        streams_apart(f"{engine.url}/v1/chat/completions", 1, 16, {}, "warm")
         streams_apart(
             f"{stack_url}/v1/chat/completions", 1, 16, {"Authorization": f"Bearer {requester}"}, "w"
         )
