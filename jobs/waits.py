@@ -33,6 +33,7 @@ from itertools import count
 from typing import Any, TypeVar
 
 import redis.exceptions
+from django.conf import settings
 from django.db import transaction
 from django_redis import get_redis_connection
 
@@ -48,7 +49,9 @@ T = TypeVar("T")
 # The most a pop may wait (the pop body's `wait_seconds`): far inside WORKER_ONLINE_SECONDS, so
 # that a worker checked in by each pop stays online while it waits.
 MAX_WAIT_SECONDS = 30
-CHANNEL = "hordeops:pop-wake"
+# Pub/sub channels are server-wide, not per database: the database is in the name, so that two
+# stacks on one Redis server (each its own database) never wake each other's pops.
+CHANNEL_PREFIX = "hordeops:pop-wake"
 HUB_CLIENT_NAME = "hordeops-pop-waits"
 # Waiting pops woken per queued job beyond one each: a woken worker may lose to another
 # process's, or be passed over by the speed gate.
@@ -93,6 +96,10 @@ class Offer:
         )
 
 
+def channel() -> str:
+    return f"{CHANNEL_PREFIX}:{settings.REDIS_DB}"
+
+
 def publish_queued(request: TextRequest) -> None:
     """Announce `request` to waiting pops once its transaction commits (at once outside one)."""
     publish([Offer.of(request)])
@@ -124,7 +131,7 @@ def publish(offers: list[Offer]) -> None:
         try:
             pipe = get_redis_connection("default").pipeline(transaction=False)
             for message in messages:
-                pipe.publish(CHANNEL, message)
+                pipe.publish(channel(), message)
             pipe.execute()
         except redis.exceptions.RedisError as err:
             logger.warning("waiting pops not told of queued jobs: %s", type(err).__name__)
@@ -223,7 +230,7 @@ class _Hub:
 
     async def _listen(self) -> None:
         try:
-            await self._pubsub.subscribe(CHANNEL)
+            await self._pubsub.subscribe(channel())
             while True:
                 message = await self._pubsub.get_message(timeout=None)
                 if message is None:
@@ -236,7 +243,7 @@ class _Hub:
                     try:
                         offer = _parsed(message["data"])
                     except (ValueError, TypeError):
-                        logger.warning("a message on %s that is not an offer: ignored", CHANNEL)
+                        logger.warning("a message on %s that is not an offer: ignored", channel())
                         continue
                     self._wake(offer)
         except (redis.exceptions.RedisError, OSError) as err:

@@ -429,3 +429,27 @@ def test_a_follow_up_its_warm_worker_does_not_take_wakes_the_others_when_its_win
     assert request.preferred_worker is not None  # the warm worker was free, but does not pop
     assert Generation.objects.get(pk=answer["id"]).worker.name == "other"
     assert 0.4 < seconds < 1.5  # at its window's end, not the wait's (5 s)
+
+
+def test_a_queued_job_is_announced_only_on_its_own_redis_databases_channel(
+    db, settings, django_capture_on_commit_callbacks
+):
+    """Pub/sub is server-wide: a stack on another database of the same Redis server must not
+    hear this one's offers (its pops would wake and pop for nothing)."""
+    from django_redis import get_redis_connection
+
+    client = get_redis_connection("default")
+    ours, theirs = client.pubsub(), client.pubsub()
+    ours.subscribe(waits.channel())
+    settings.REDIS_DB += 1
+    theirs.subscribe(waits.channel())
+    settings.REDIS_DB -= 1
+    for listener in (ours, theirs):
+        assert listener.get_message(timeout=2)["type"] == "subscribe"
+    with django_capture_on_commit_callbacks(execute=True):
+        waits.publish([waits.Offer(models=("m",), chat=True, max_length=80, max_context_length=1024, jobs=1)])
+    heard = ours.get_message(timeout=2)
+    assert heard is not None and json.loads(heard["data"])[0] == ["m"]
+    assert theirs.get_message(timeout=0.2) is None
+    ours.close()
+    theirs.close()
