@@ -96,6 +96,15 @@ REFUSALS_429 = HordeCounter(
     ("reason",),
     tuple((r,) for r in REFUSAL_REASONS),
 )
+# How a webhook's delivery ended (jobs/webhooks.py): posted, its last try failed, its address
+# refused at the call, or dropped with the queue full.
+WEBHOOK_OUTCOMES = ("delivered", "gave_up", "refused", "dropped")
+WEBHOOK_DELIVERIES = HordeCounter(
+    "horde_webhook_deliveries",
+    "Webhook deliveries by outcome: delivered, gave_up (3 tries failed), refused, dropped (queue full).",
+    ("outcome",),
+    tuple((o,) for o in WEBHOOK_OUTCOMES),
+)
 COUNTERS = (
     LEASE_RENEWALS,
     STALE_ABORTS,
@@ -103,6 +112,7 @@ COUNTERS = (
     TIMED_OUT_REFUSALS,
     GIVE_BACKS,
     REFUSALS_429,
+    WEBHOOK_DELIVERIES,
 )
 
 

@@ -8,6 +8,7 @@ and their helpers (`hordeops.env`) reads the environment.
 from pathlib import Path
 
 from celery.schedules import schedule
+from kombu import Queue
 
 from hordeops.env import (
     env_bool,
@@ -103,6 +104,15 @@ ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 TRUSTED_PROXIES = env_networks("TRUSTED_PROXIES")
 # A count made on every pop reaches Redis within this many seconds (0: at once): hordeops/metrics.py.
 METRICS_FLUSH_SECONDS = env_float("METRICS_FLUSH_SECONDS", 1.0)
+# Webhooks (jobs/webhooks.py): the POST after each generation of a text request that names one.
+# Insecure: http hooks and private, loopback or link-local addresses allowed (tests, private
+# deployments). Each try is bounded by the timeout as a whole; the tries are this far apart.
+WEBHOOK_ALLOW_INSECURE = env_bool("WEBHOOK_ALLOW_INSECURE", False)
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 3.0)
+WEBHOOK_RETRY_SECONDS = env_float("WEBHOOK_RETRY_SECONDS", 3.0)
+# The Celery queue the deliveries wait in, and how many may wait there before more are dropped.
+WEBHOOK_QUEUE = env_str("WEBHOOK_QUEUE", "webhooks")
+WEBHOOK_QUEUE_MAX = env_int("WEBHOOK_QUEUE_MAX", 10000)
 
 # Where the home page's documentation link goes (the repository's README or docs/ as this horde
 # publishes them); empty: the page names them without a link.
@@ -354,6 +364,9 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker started without -Q takes both: the passes from the default queue, the webhooks from
+# theirs, in turn, so that a backlog of slow hooks never keeps a pass waiting behind it.
+CELERY_TASK_QUEUES = (Queue("celery", routing_key="celery"), Queue(WEBHOOK_QUEUE, routing_key=WEBHOOK_QUEUE))
 CELERY_BEAT_SCHEDULE = {
     "every-pass-abort-stale-generations": {
         "task": "jobs.tasks.abort_stale_generations_task",
@@ -393,6 +406,8 @@ LOGGING = {
         # Propagated to the root's handler; the filter runs before it.
         "django.request": {"filters": ["expected_outcomes"]},
         "django.security.DisallowedHost": {"filters": ["refused_host"]},
+        # httpx logs each request's URL at INFO: a webhook's path and query may hold a secret.
+        "httpx": {"level": "WARNING"},
     },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }

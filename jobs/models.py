@@ -123,6 +123,8 @@ class TextRequest(models.Model):
     # chat that sends tools, or asks for a JSON reply (`response_format`).
     needs_tools = models.BooleanField(default=False, db_default=False)
     needs_structured_outputs = models.BooleanField(default=False, db_default=False)
+    # Where each of its generations is posted once done (`jobs.webhooks`); empty: nowhere.
+    webhook = models.CharField(max_length=1024, blank=True, default="", db_default="")
 
     objects = TextRequestQuerySet.as_manager()
 

@@ -217,6 +217,13 @@ class TextAsyncInput(HotInput):
     slow_workers = StrictBooleanField(default=True)
     allow_downgrade = StrictBooleanField(default=False)
     dry_run = StrictBooleanField(default=False)
+    webhook = StrictCharField(
+        max_length=1024,
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        help_text="An https URL the horde POSTs each generation to once it is done (`jobs.webhooks`).",
+    )
 
 
 class TextAsyncOutput(serializers.Serializer):

@@ -80,6 +80,20 @@ def _wait_time(request: TextRequest, *, ahead: int, eligible: dict[str, Any], no
     return math.ceil((ahead + request.queued) * request.max_length / rate)
 
 
+def generation_details(generation: Generation) -> dict[str, Any]:
+    """A done generation as the status route lists it (and a webhook posts it: `jobs.webhooks`),
+    its worker loaded."""
+    return {
+        "text": generation.text,
+        "seed": generation.seed or 0,
+        "gen_metadata": generation.gen_metadata,
+        "worker_id": generation.worker_id,
+        "worker_name": generation.worker.name,
+        "model": generation.model,
+        "state": generation.result or "ok",
+    }
+
+
 def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
     processing = request.generations.processing().count()
     done_generations = list(
@@ -106,18 +120,7 @@ def request_status(request: TextRequest, *, now: datetime) -> dict[str, Any]:
         "wait_time": wait_time,
         "queue_position": queue_position,
         "kudos": round(sum(g.reward for g in done_generations), 2),
-        "generations": [
-            {
-                "text": g.text,
-                "seed": g.seed or 0,
-                "gen_metadata": g.gen_metadata,
-                "worker_id": g.worker_id,
-                "worker_name": g.worker.name,
-                "model": g.model,
-                "state": g.result or "ok",
-            }
-            for g in done_generations
-        ],
+        "generations": [generation_details(g) for g in done_generations],
         "eligible_workers": workers,
         "eligible_worker_threads": threads,
         # Only over-capacity workers could take it: it may wait, or be aborted at a cap.

@@ -97,6 +97,7 @@ class TextAsyncView(APIView):
             dry_run=data["dry_run"],
             deadline_at=deadline_at,
             shared_key=shared_key,
+            webhook=data.get("webhook"),
         )
         if queued.request is None:
             return Response({"kudos": queued.kudos}, status=200)

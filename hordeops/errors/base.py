@@ -61,6 +61,11 @@ class UnreadableAddress(BadRequest):
     )
 
 
+class BadWebhook(BadRequest):
+    # The AI Horde's words for a hook that is not https (its other refusals are hordeops').
+    default_message = "webhooks need to point to an https endpoint."
+
+
 class NotFound(DomainError, code="NotFound", status=404):
     default_message = "Not found."
 

@@ -17,7 +17,7 @@ from django.db.models.functions import Coalesce, Least
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
-from jobs import admission, affinity, eligibility, spending, sql, waits
+from jobs import admission, affinity, eligibility, spending, sql, waits, webhooks
 from jobs.models import Generation, TextRequest
 from jobs.protocols.base import MAX_REPLY_TOKENS
 from jobs.status import eligible_workers
@@ -147,6 +147,7 @@ def create_text_request(
     deadline_at: datetime | None = None,
     now: datetime | None = None,
     shared_key: SharedKey | None = None,
+    webhook: str | None = None,
 ) -> QueuedText:
     """Queue a text request; return it (None on a dry run), its cost, and a warning when no
     online worker may be offered it now.
@@ -160,9 +161,13 @@ def create_text_request(
     Sent with a `shared_key` (its owner's `account`), it is refused when the key is spent or
     expired (a spent one with `allow_downgrade` is the anonymous account's request instead, as
     on the AI Horde), past the key's token cap, or past what is left of its budget: its cost
-    is taken off the budget as it is queued (`_queue`)."""
+    is taken off the budget as it is queued (`_queue`).
+
+    A `webhook` is refused (BadWebhook) unless a call to it now would be allowed
+    (`jobs.webhooks.checked`), a dry run's too, as on the AI Horde."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
+    webhook = webhooks.checked(webhook)
     account, shared_key = shared_keys.spender(account, shared_key, now=now, allow_downgrade=allow_downgrade)
     n = params.pop("n", 1)
     max_length = params.get("max_length", 80)
@@ -194,6 +199,7 @@ def create_text_request(
         "slow_workers": slow_workers,
         "n": n,
         "queued": n,
+        "webhook": webhook,
     }
     upfront, tokens = spending.needs_upfront(max_length=max_length, slow_workers=slow_workers, now=now)
     try:

@@ -11,7 +11,7 @@ from uuid import UUID
 from django.db import connection, transaction
 
 from hordeops import clock, errors, metrics
-from jobs import affinity, claims, leases, relay, sql
+from jobs import affinity, claims, leases, relay, sql, webhooks
 from jobs.models import Ending, Generation
 from jobs.protocols import agents
 from jobs.services.endings import AbortedJob, relay_restarts, restart_requests
@@ -144,6 +144,8 @@ def _submit(
     if not accepted:
         raise refusal(generation_id=generation.pk)
     _suspect_speed(generation, tokens=tokens, now=now)
+    if text_request.webhook:  # posted by a Celery worker: a slow hook never slows the submit
+        transaction.on_commit(lambda: webhooks.queue_delivery(generation.pk), robust=True)
     if text:
         transaction.on_commit(
             lambda: affinity.remember(

@@ -41,6 +41,7 @@ WORKER_POST_PARTS = (
             # request's params read, a statement more.
             "needs_tools",
             "needs_structured_outputs",
+            "webhook",  # an accepted submit queues its delivery (`jobs.webhooks`)
         ),
     ),
 )
