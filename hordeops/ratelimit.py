@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 # Workers' pops, posts and submits: their own rules bound them (a bad key is limited apart).
 WORKER_PATHS = ("/api/v2/generate/text/pop", "/api/v2/generate/text/progress", "/api/v2/generate/text/submit")
+# Where a service account's front end may name its user's address (`request_address`).
+PROXIED_PATHS = ("/api/", "/v1/")
 # What operators and their tools call, and what a page loads with it: never limited.
 UNLIMITED_PATHS = ("/api/v2/status/heartbeat", "/metrics", "/static/")
 
@@ -148,11 +150,17 @@ def _is_ip(text: str) -> bool:
 
 def request_address(request) -> str:
     """The client address of a Django request: `client_address` of its peer and X-Forwarded-For,
-    or a service account's `Proxied-For` (or `Proxy-For`) when its `Proxy-Authorization` is a
-    known proxy passkey (`workers.proxies`): the address of the user it sends the request for."""
+    or on the API routes a service account's `Proxied-For` (or `Proxy-For`) when its
+    `Proxy-Authorization` is a known proxy passkey (`workers.proxies`): the address of the user
+    it sends the request for. Never on the pages (the admin's login, the sign-up), whose limits
+    per address no front end has a reason to spread."""
     meta = request.META
     proxied = meta.get("HTTP_PROXIED_FOR") or meta.get("HTTP_PROXY_FOR")
-    if proxied and _is_proxy_passkey(meta.get("HTTP_PROXY_AUTHORIZATION", "").strip()):
+    if (
+        proxied
+        and request.path.startswith(PROXIED_PATHS)
+        and _is_proxy_passkey(meta.get("HTTP_PROXY_AUTHORIZATION", "").strip())
+    ):
         return readable(proxied.strip())
     return client_address(meta.get("REMOTE_ADDR", ""), meta.get("HTTP_X_FORWARDED_FOR", ""))
 

@@ -7,7 +7,7 @@ import time
 
 from django.contrib.admin.models import LogEntry
 
-from hordeops import timeouts
+from hordeops import ratelimit, timeouts
 from tests.conftest import ACCOUNT_PAGE_INLINES
 from workers import proxies
 from workers.models import Account, hash_api_key
@@ -65,6 +65,15 @@ def test_a_suspended_service_accounts_passkey_is_no_longer_known(make_caller):
     proxies.forget()  # as every process does within SNAPSHOT_SECONDS
     assert not proxies.is_known_passkey(passkey)
     assert not proxies.is_known_passkey("")
+
+
+def test_a_proxied_for_header_is_read_on_the_api_routes_only(make_caller, rf):
+    passkey = _service(make_caller("front-end"))
+    headers = {"HTTP_PROXY_AUTHORIZATION": passkey, "HTTP_PROXIED_FOR": USER_ADDRESS}
+    assert ratelimit.request_address(rf.post("/v1/chat/completions", **headers)) == USER_ADDRESS
+    # The admin's login and the sign-up count failures and accounts per address: not spread.
+    assert ratelimit.request_address(rf.post("/admin/login/", **headers)) == "127.0.0.1"
+    assert ratelimit.request_address(rf.post("/register", **headers)) == "127.0.0.1"
 
 
 def test_an_address_a_proxied_for_header_names_must_be_an_ip_address(make_caller):
