@@ -142,9 +142,12 @@ def env_secret_key(name: str, path: Path) -> str:
     )
 
 
-def env_list(name: str) -> list[str]:
-    """Comma-separated values, stripped, empty ones left out."""
-    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+def env_list(name: str, default: tuple[str, ...] = ()) -> list[str]:
+    """Comma-separated values, stripped, empty ones left out; `default` when the variable is
+    not set at all (set and empty: none)."""
+    if name not in os.environ:
+        return list(default)
+    return [item.strip() for item in os.environ[name].split(",") if item.strip()]
 
 
 def env_host_ports(name: str) -> list[tuple[str, int]]:

@@ -9,7 +9,8 @@ to its burst.
 
 The client address is the connection's peer, or, when the peer is a proxy named in
 TRUSTED_PROXIES, the nearest address in X-Forwarded-For that is not such a proxy: a caller
-cannot choose its own address. A port or brackets around it are taken off (`readable`); an
+cannot choose its own address, unless it is a service account's front end that proves it with
+its proxy passkey (`request_address`). A port or brackets around it are taken off (`readable`); an
 address that is still no IP address is refused (`is_unreadable`, 400 in the middleware). An
 IPv6 address is bucketed by its /64, the least a network hands one subscriber, so that one
 client cannot take a bucket per address of its own.
@@ -27,6 +28,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.exceptions
@@ -39,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 # Workers' pops, posts and submits: their own rules bound them (a bad key is limited apart).
 WORKER_PATHS = ("/api/v2/generate/text/pop", "/api/v2/generate/text/progress", "/api/v2/generate/text/submit")
+# Where a service account's front end may name its user's address (`request_address`).
+PROXIED_PATHS = ("/api/", "/v1/")
 # What operators and their tools call, and what a page loads with it: never limited.
 UNLIMITED_PATHS = ("/api/v2/status/heartbeat", "/metrics", "/static/")
 
@@ -145,8 +149,34 @@ def _is_ip(text: str) -> bool:
 
 
 def request_address(request) -> str:
-    """The client address of a Django request: `client_address` of its peer and X-Forwarded-For."""
-    return client_address(request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR", ""))
+    """The client address of a Django request: `client_address` of its peer and X-Forwarded-For,
+    or on the API routes a service account's `Proxied-For` (or `Proxy-For`) when its
+    `Proxy-Authorization` is a known proxy passkey (`workers.proxies`): the address of the user
+    it sends the request for. Never on the pages (the admin's login, the sign-up), whose limits
+    per address no front end has a reason to spread."""
+    meta = request.META
+    proxied = meta.get("HTTP_PROXIED_FOR") or meta.get("HTTP_PROXY_FOR")
+    if (
+        proxied
+        and request.path.startswith(PROXIED_PATHS)
+        and _is_proxy_passkey(meta.get("HTTP_PROXY_AUTHORIZATION", "").strip())
+    ):
+        return readable(proxied.strip())
+    return client_address(meta.get("REMOTE_ADDR", ""), meta.get("HTTP_X_FORWARDED_FOR", ""))
+
+
+def _no_proxy_passkeys(passkey: str) -> bool:
+    return False
+
+
+_is_proxy_passkey = _no_proxy_passkeys
+
+
+def register_proxy_passkeys(is_known: Callable[[str], bool]) -> None:
+    """Set what tells a service account's proxy passkey (`workers` registers it when ready: the
+    base imports no app)."""
+    global _is_proxy_passkey
+    _is_proxy_passkey = is_known
 
 
 def _is_trusted(address: str, trusted: tuple) -> bool:

@@ -52,6 +52,20 @@ POP_SKIPPED_CACHE_SECONDS = env_int("POP_SKIPPED_CACHE_SECONDS", 10)
 # WARM_WORKER_MEMORY_SECONDS after their last turn.
 WARM_WORKER_SECONDS = env_float("WARM_WORKER_SECONDS", 2.0)
 WARM_WORKER_MEMORY_SECONDS = env_int("WARM_WORKER_MEMORY_SECONDS", 600)
+# The bridges (a worker's `bridge_agent` is `name:version:url`) whose output the horde vouches
+# for: the AI Horde's list (`horde/bridge_reference.py` LLM_VALIDATED_BACKENDS) and this horde's
+# own bridge. Only they serve a request with `validated_backends`, and others earn 30% kudos.
+VALIDATED_BRIDGE_AGENTS = env_list(
+    "VALIDATED_BRIDGE_AGENTS",
+    (
+        "AI Horde Worker",
+        "AI Horde Worker~aphrodite~oai",
+        "AI Horde Worker~aphrodite~kai",
+        "KoboldCppEmbedWorker",
+        "TabbyAPI",
+        "hordeops-bridge",
+    ),
+)
 STALE_GENERATION_PASS_SECONDS = env_int("STALE_GENERATION_PASS_SECONDS", 60)
 WORKER_ONLINE_SECONDS = env_int("WORKER_ONLINE_SECONDS", 300)
 # Escrowed kudos past which an account at least a week old becomes trusted; unset: never.

@@ -12,7 +12,8 @@ The speed gate (docs/reference/worker_protocol.md):
     3. it cannot finish even within its cap.
   A legacy text job puts every worker in tier 1: the gate does not apply to it.
 - A worker is offered a job when it passes the job's plain filters (model, lengths, trust,
-  named or blocked workers, slow workers, maintenance, chat, the capabilities the job needs)
+  named or blocked workers, a validated bridge, slow workers, maintenance, chat, the
+  capabilities the job needs)
   and no worker of a better tier that passes them too is online. So the fallback is ordered:
   tier 2 only when no tier 1 is online, tier 3 only when neither is.
 
@@ -49,6 +50,7 @@ def params(now: datetime) -> dict[str, Any]:
         "window": lease_window_seconds(),
         "trusted_window": generating_seconds(settings.TRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
         "untrusted_window": generating_seconds(settings.UNTRUSTED_TEXT_JOB_LEASE_CAP_SECONDS),
+        "validated_bridges": settings.VALIDATED_BRIDGE_AGENTS,
     }
 
 
@@ -59,6 +61,16 @@ def tier_sql(r: str, w: str, wa: str) -> str:
     return (
         f"(CASE WHEN {r}.kind = '{TEXT}' OR {speed} * %(window)s >= {r}.max_length THEN 1"
         f" WHEN {speed} * {cap_window} >= {r}.max_length THEN 2 ELSE 3 END)"
+    )
+
+
+def validated_sql(w: str) -> str:
+    """Is worker `w`'s bridge one the horde validates? Its `bridge_agent` is `name:version:url`,
+    and its name is in VALIDATED_BRIDGE_AGENTS (`kudos.rates.is_validated`, the same test in
+    Python; the AI Horde's `is_backed_validated`)."""
+    return (
+        f"(split_part({w}.bridge_agent, ':', 1) = ANY(%(validated_bridges)s::varchar[])"
+        f" AND {w}.bridge_agent ~ '^[^:]*:[^:]*:')"
     )
 
 
@@ -91,12 +103,19 @@ def _filters(r: str, w: str, wa: str, *, shape: str = "") -> list[tuple[str | No
         "popper": "true",
         "better": " AND ".join(f"{w}.{name}" for name in CAPABILITIES),
     }[shape]
+    # Nor whether they need a validated bridge: the same reasoning.
+    validated = {
+        "": f"(NOT {r}.validated_backends OR {validated_sql(w)})",
+        "popper": "true",
+        "better": validated_sql(w),
+    }[shape]
     filters = [
         ("max_length", f"{r}.max_length <= {w}.max_length"),
         ("max_context_length", f"{r}.max_context_length <= {w}.max_context_length"),
         ("models", f"(cardinality({r}.requested_models) = 0 OR {r}.requested_models && {w}.served_models)"),
         ("worker_id", f"(cardinality({r}.allowed_workers) = 0 OR {named} <> {r}.worker_blacklist)"),
         ("untrusted", f"(NOT {r}.trusted_workers OR {wa}.trusted)"),
+        ("bridge_version", validated),
         ("performance", slow),
         (None, maintenance),
         (None, f"({r}.kind = '{TEXT}' OR {w}.chat)"),
@@ -115,7 +134,15 @@ def filters_sql(r: str, w: str, wa: str, *, shape: str = "") -> str:
 # a request refusing slow workers, or another pop's lock.
 # In this order: a request that fails several filters counts under the first (a model the worker
 # does not serve says more than its lengths).
-SKIP_REASONS = ("models", "max_length", "max_context_length", "worker_id", "untrusted", "performance")
+SKIP_REASONS = (
+    "models",
+    "max_length",
+    "max_context_length",
+    "worker_id",
+    "untrusted",
+    "bridge_version",  # the AI Horde's reason for a request that needs a validated bridge
+    "performance",
+)
 
 
 def skip_reason_sql(r: str, w: str, wa: str) -> str:

@@ -85,6 +85,15 @@ class TextRequest(models.Model):
     trusted_workers = models.BooleanField(default=False)
     # False: not offered to workers below eligibility.SLOW_WORKER_TOKENS_PER_SECOND.
     slow_workers = models.BooleanField(default=True)
+    # Only workers whose bridge is in VALIDATED_BRIDGE_AGENTS are offered it (the AI Horde's
+    # `validated_backends`, false when not sent, as its parser has it).
+    validated_backends = models.BooleanField(default=False, db_default=False)
+    # A pop takes one of its jobs at a time, whatever `amount` it asks for (the AI Horde's
+    # `disable_batching`, trusted accounts only when n > 1).
+    disable_batching = models.BooleanField(default=False, db_default=False)
+    # Who a service account sent it for (the AI Horde's `proxied_account`, kept as sent): its
+    # own user, as moderators see it; "" when sent for no one.
+    proxied_account = models.CharField(max_length=255, blank=True, default="", db_default="")
     priority = models.IntegerField(default=0)
     # The fair order across accounts: how many waiting or running requests the account had
     # when this one was queued. The pop takes lower ranks first, so an account's 1,000th

@@ -224,6 +224,19 @@ class TextAsyncInput(HotInput):
         allow_null=True,
         help_text="An https URL the horde POSTs each generation to once it is done (`jobs.webhooks`).",
     )
+    validated_backends = StrictBooleanField(
+        default=False, help_text="Only workers of a bridge the horde validates serve it."
+    )
+    disable_batching = StrictBooleanField(
+        default=False, help_text="A pop takes one job of it at a time (trusted accounts only, for n above 1)."
+    )
+    proxied_account = StrictCharField(
+        max_length=255,
+        allow_blank=True,
+        trim_whitespace=False,
+        default="",
+        help_text="A service account's own user this request is sent for.",
+    )
 
 
 class TextAsyncOutput(serializers.Serializer):

@@ -22,6 +22,7 @@ from jobs import serializers as s
 from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
+from kudos import rates
 from workers import messages, modes, shared_keys
 from workers.declaration import CAPABILITIES, WorkerDeclaration
 from workers.services import authenticate
@@ -98,6 +99,9 @@ class TextAsyncView(APIView):
             deadline_at=deadline_at,
             shared_key=shared_key,
             webhook=data.get("webhook"),
+            validated_backends=data["validated_backends"],
+            disable_batching=data["disable_batching"],
+            proxied_account=data["proxied_account"],
         )
         if queued.request is None:
             return Response({"kudos": queued.kudos}, status=200)
@@ -270,6 +274,7 @@ async def _answer_waiting(
         max_context_length=declaration.max_context_length,
         worker_id=str(worker_id or ""),
         capabilities=frozenset(name for name in CAPABILITIES if getattr(declaration, name)),
+        validated=rates.is_validated(declaration.bridge_agent),
     )
     client_gone = asyncio.ensure_future(waits.client_left(receive))
     try:

@@ -78,6 +78,7 @@ class Offer:
     open_after: float = 0.0
     # The capabilities its worker must declare (`workers.declaration.CAPABILITIES`).
     needs: tuple[str, ...] = ()
+    validated: bool = False  # only for a worker of a validated bridge (`validated_backends`)
 
     @classmethod
     def of(cls, request: TextRequest) -> "Offer":
@@ -93,6 +94,7 @@ class Offer:
             worker=str(request.preferred_worker) if preferred else "",
             open_after=open_after if preferred else 0.0,
             needs=tuple(name for name in CAPABILITIES if getattr(request, f"needs_{name}")),
+            validated=request.validated_backends,
         )
 
 
@@ -122,6 +124,7 @@ def publish(offers: list[Offer]) -> None:
                 o.worker,
                 o.open_after,
                 list(o.needs),
+                o.validated,
             ]
         )
         for o in offers
@@ -140,7 +143,7 @@ def publish(offers: list[Offer]) -> None:
 
 
 def _parsed(data: bytes) -> Offer:
-    models, chat, max_length, max_context_length, jobs, worker, open_after, *needs = json.loads(data)
+    models, chat, max_length, max_context_length, jobs, worker, open_after, *rest = json.loads(data)
     return Offer(
         tuple(models),
         bool(chat),
@@ -149,7 +152,9 @@ def _parsed(data: bytes) -> Offer:
         int(jobs),
         str(worker),
         float(open_after),
-        tuple(str(name) for name in needs[0]) if needs else (),  # a process not yet upgraded sends none
+        # A process not yet upgraded sends neither.
+        tuple(str(name) for name in rest[0]) if rest else (),
+        bool(rest[1]) if len(rest) > 1 else False,
     )
 
 
@@ -166,6 +171,7 @@ class Waiter:
     max_context_length: int
     worker_id: str = ""  # the waiting worker's: a conversation's next turn may be its alone
     capabilities: frozenset[str] = frozenset()  # what it declares (`CAPABILITIES`)
+    validated: bool = False  # its bridge is one the horde validates (`kudos.rates.is_validated`)
     order: int = field(default_factory=lambda: next(_order))
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False  # its hub failed or stops: pop once more and answer
@@ -178,6 +184,7 @@ class Waiter:
             and offer.max_context_length <= self.max_context_length
             and (not offer.worker or offer.worker == self.worker_id)
             and self.capabilities.issuperset(offer.needs)
+            and (self.validated or not offer.validated)
         )
 
 

@@ -63,7 +63,7 @@ def user_details(
         "pseudonymous": account.is_anonymous or account.pseudonymous,
         "worker_count": len(workers),
         "account_age": max(0, int((now - account.created_at).total_seconds())),
-        "service": False,
+        "service": account.service,
         "deleted": False,
         "education": False,
         "customizer": False,

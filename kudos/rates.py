@@ -10,6 +10,8 @@ import math
 import re
 from decimal import Decimal
 
+from django.conf import settings
+
 # What every request pays on top of its cost (the AI Horde's horde tax).
 HORDE_TAX = 1
 # The least a spendable balance may be (`get_min_kudos`): a debit past it is forgiven, and a
@@ -21,18 +23,7 @@ ACCOUNT_FLOOR = Decimal(25)
 # What a worker earns for staying online, every UPTIME_SECONDS.
 UPTIME_SECONDS = 600
 BASE_CONTEXT = 1024
-# The bridges whose output the AI Horde trusts to be what they claim; others earn 30%. This
-# horde's own bridge is one of them.
-VALIDATED_BRIDGES = frozenset(
-    {
-        "AI Horde Worker",
-        "AI Horde Worker~aphrodite~oai",
-        "AI Horde Worker~aphrodite~kai",
-        "KoboldCppEmbedWorker",
-        "TabbyAPI",
-        "hordeops-bridge",
-    }
-)
+# What a bridge not in VALIDATED_BRIDGE_AGENTS earns of what a validated one would (the AI Horde's).
 UNVALIDATED_SHARE = 0.3
 # A request naming no model is reckoned as a 13B one; an unknown model as a 2.7B one.
 ANY_MODEL_BILLIONS = 13
@@ -76,9 +67,10 @@ def reference_names(model: str) -> tuple[str, ...]:
 
 
 def is_validated(bridge_agent: str) -> bool:
-    """Whether a worker's bridge (`name:version:url`) is one whose output earns in full."""
+    """Whether a worker's bridge (`name:version:url`) is one whose output earns in full: its name
+    is in VALIDATED_BRIDGE_AGENTS (`jobs.eligibility.validated_sql` is the same test in SQL)."""
     parts = bridge_agent.split(":", 2)
-    return len(parts) == 3 and parts[0] in VALIDATED_BRIDGES
+    return len(parts) == 3 and parts[0] in settings.VALIDATED_BRIDGE_AGENTS
 
 
 def _size_bonus(billions: float) -> float:

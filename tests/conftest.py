@@ -44,14 +44,16 @@ def _no_cached_discovery() -> None:
 
 @pytest.fixture(autouse=True)
 def _no_model_sizes_of_another_test() -> None:
-    # Each process keeps a snapshot of the model table (kudos/sizes.py) and of the horde's
-    # modes (workers/modes.py); a rolled-back test's rows would outlive it there.
+    # Each process keeps a snapshot of the model table (kudos/sizes.py), of the horde's modes
+    # (workers/modes.py) and of the proxy passkeys (workers/proxies.py); a rolled-back test's
+    # rows would outlive it there.
     from kudos import sizes
-    from workers import messages, modes
+    from workers import messages, modes, proxies
 
     sizes.forget()
     modes.forget()
     messages.forget()
+    proxies.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -88,6 +88,11 @@ def test_horde_sdk_runs_a_text_request_through_a_worker(live_server, tmp_path) -
     assert generation.state == Generation.State.DONE
     assert generation.text == submitted
     assert seen["reward"] == generation.reward > 0
+    # Not a service account: its proxied request is refused in the AI Horde's words.
+    assert seen["proxied"] == {
+        "rc": "OnlyServiceAccountProxy",
+        "message": "Only service accounts can provide a proxied_account value.",
+    }
 
     status = seen["status"]
     assert status["done"] is True
@@ -109,12 +114,23 @@ def test_horde_sdk_in_strict_mode_parses_every_answer_of_the_text_flow_and_the_d
     live_server, tmp_path
 ) -> None:
     requester, requester_key = create_account(name="sdk-strict-requester")
+    Account.objects.filter(pk=requester.pk).update(service=True)  # it may send proxied_account
     worker_account, worker_key = create_account(name="sdk-strict-owner")
     give_kudos(Caller(account=requester, api_key=requester_key, client=None), "2000")  # to transfer 5
 
     seen = _run_roundtrip(f"{live_server.url}/api/", requester_key, worker_key, tmp_path, strict=True)
 
     assert seen["status"]["done"] is True
+    # The service account's request with the AI Horde's own fields, queued as sent; no worker
+    # of a validated bridge is online (the SDK's worker is not one): the AI Horde's warning.
+    proxied = TextRequest.objects.get(pk=seen["proxied"]["id"])
+    assert (proxied.proxied_account, proxied.validated_backends, proxied.disable_batching) == (
+        "sdk-reader#1",
+        True,
+        True,
+    )
+    assert seen["proxied"]["message"].startswith("Warning: No available workers")
+    assert seen["proxied"]["unknown_keys"] == []
     assert seen["unknown_keys"] == {"pop_response": [], "async_response": [], "status_response": []}
     # The discovery routes, each parsed by its strict SDK model.
     found = seen["discovery"]

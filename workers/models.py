@@ -47,6 +47,17 @@ class Account(models.Model):
     # A moderator's key may change any worker through the horde API (PUT /api/v2/workers/{id}),
     # as an AI Horde moderator's may; set in the admin.
     moderator = models.BooleanField(default=False, db_default=False)
+    # A service account (the AI Horde's `service` role), set by moderators: a front end that
+    # sends requests for its own users, each named in the request's `proxied_account`; with a
+    # proxy passkey (`workers.proxies`) its `Proxied-For` header is taken as the client's address.
+    service = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="A front end sending requests for its own users (proxied_account, Proxied-For).",
+    )
+    # The hash of the service account's proxy passkey (its Proxy-Authorization header), which
+    # is shown once when made: `workers.proxies`.
+    proxy_passkey_hash = models.CharField(max_length=64, null=True, blank=True, unique=True, editable=False)
     # A per-account ceiling on X-MultiLLM-Deadline-Ms: the shorter limit wins.
     deadline_limit_ms = models.PositiveIntegerField(null=True, blank=True)
     # Set by moderators: how many waiting or running requests this account may have; empty
@@ -83,6 +94,12 @@ class Account(models.Model):
 
     class Meta:
         ordering = ("name",)
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(service=True) | Q(proxy_passkey_hash__isnull=True),
+                name="account_passkey_of_service",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

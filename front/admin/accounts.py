@@ -21,7 +21,7 @@ from hordeops import clock
 from jobs import activity
 from kudos import awards
 from kudos.models import Wallet
-from workers import services, suspicion
+from workers import proxies, services, suspicion
 from workers.models import Account, Suspicion
 
 SuspendedFilter = choice_filter(
@@ -98,7 +98,7 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "waiting_requests_bound",
     )
     list_editable = ("trusted",)
-    list_filter = ("trusted", SuspendedFilter, FlaggedFilter)
+    list_filter = ("trusted", "service", SuspendedFilter, FlaggedFilter)
     search_fields = ("name",)
     inlines = (SuspicionInline,)
     # `moderator` (the key may change any worker through the horde API) is a superuser's to give.
@@ -106,6 +106,7 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "name",
         "trusted",
         "moderator",
+        "service",
         "deadline_limit_ms",
         "max_waiting_requests",
         "worker_limit",
@@ -119,12 +120,21 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     readonly_fields = ("suspended_at", "flagged_at", "created_at", *_KUDOS, "shared_keys")
     moderated_fields = (
         "trusted",
+        "service",
         "deadline_limit_ms",
         "max_waiting_requests",
         "worker_limit",
         "suspension_reason",
     )
-    actions = ("trust", "untrust", "suspend", "lift_suspension", "reset_key", "clear_suspicion")
+    actions = (
+        "trust",
+        "untrust",
+        "suspend",
+        "lift_suspension",
+        "reset_key",
+        "make_proxy_passkey",
+        "clear_suspicion",
+    )
     show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:
@@ -147,6 +157,8 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     def save_model(self, request, obj: Account, form, change) -> None:
         # A reason written here suspends the account (its key refused, its requests cancelled:
         # `moderation.suspend_accounts`); emptied, the suspension is lifted. Logged with it.
+        if not obj.service:
+            obj.proxy_passkey_hash = None  # no longer a service account: its passkey goes with it
         reason = obj.suspension_reason
         suspending = "suspension_reason" in form.changed_data and reason and obj.suspended_at is None
         if suspending:
@@ -281,6 +293,24 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
             api_key = services.reset_api_key(account=account)
             # Shown once, here: only the hash is stored. Give it to the owner privately.
             self.message_user(request, f"New API key of {account.name}: {api_key}", messages.WARNING)
+        return accounts
+
+    @asks_reason(
+        description="Make the selected service accounts' proxy passkeys",
+        title="Make proxy passkeys",
+        consequence="Each service account gets a new passkey for its Proxy-Authorization header (any "
+        "older one stops working); with it, its Proxied-For header is taken as the client's address. "
+        "Each is shown once, on the next page. Accounts that are not service accounts are left out.",
+        logged="Proxy passkey made (any older one no longer works)",
+        done=None,
+        among=lambda accounts: accounts.filter(service=True),
+    )
+    def make_proxy_passkey(self, request, queryset, reason: str) -> list[Account]:
+        accounts = list(queryset)
+        for account in accounts:
+            passkey = proxies.make_passkey(account=account)
+            # Shown once, here: only the hash is stored. Give it to the service's operator privately.
+            self.message_user(request, f"New proxy passkey of {account.name}: {passkey}", messages.WARNING)
         return accounts
 
     @asks_reason(

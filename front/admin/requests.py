@@ -148,6 +148,7 @@ class TextRequestAdmin(admin.ModelAdmin):
     exclude = ("prompt", "messages")
     readonly_fields = (
         "id",
+        "proxied_account",
         "ending",
         "stream_generation",
         "created_full",
@@ -157,6 +158,7 @@ class TextRequestAdmin(admin.ModelAdmin):
     fields = (
         "id",
         "account",
+        "proxied_account",
         "kind",
         "state",
         "ending",
@@ -167,6 +169,8 @@ class TextRequestAdmin(admin.ModelAdmin):
         "allowed_workers",
         "trusted_workers",
         "slow_workers",
+        "validated_backends",
+        "disable_batching",
         "priority",
         "fair_rank",
         "n",
@@ -248,6 +252,7 @@ class GenerationAdmin(admin.ModelAdmin):
     fields = (
         "id",
         "request",
+        "proxied_for",
         "worker",
         "model",
         "state",
@@ -282,6 +287,12 @@ class GenerationAdmin(admin.ModelAdmin):
     short_id = column("pk", "id", shown=short_id, ordering="id")
 
     outcome = outcome
+
+    @admin.display(description="proxied account")
+    def proxied_for(self, generation: Generation) -> str:
+        # Who a service account sent the request for: the user behind a censored or CSAM
+        # result, as the AI Horde records it with its problem jobs.
+        return generation.request.proxied_account or "-"
 
     popped_at_full = column("popped_at", "popped", shown=full_moment)
     lease_end_full = column("lease_expires_at", "lease end", shown=full_moment)

@@ -110,6 +110,24 @@ class AnonForbidden(DomainError, code="AnonForbidden", status=403):
     default_message = "Anonymous user is forbidden from performing this operation"
 
 
+class OnlyServiceAccountProxy(DomainError, code="OnlyServiceAccountProxy", status=400):
+    """A `proxied_account` sent by an account that is not a service account (the AI Horde's rc
+    and words)."""
+
+    default_message = "Only service accounts can provide a proxied_account value."
+
+
+class NonServiceForbidden(Forbidden, code="NonServiceForbidden"):
+    default_message = "Only Service Accounts can set a proxy passkey"
+
+
+class RequiresTrust(DomainError, code="RequiresTrust", status=400):
+    """`disable_batching` with n above 1 from an untrusted account (the AI Horde's rc; its
+    words name its patrons too, which this horde has not)."""
+
+    default_message = "Only trusted users can disable batching."
+
+
 class SharedKeyNotFound(InvalidAPIKey):
     """A shared key (a UUID) that no account has made, or that its owner deleted."""
 

@@ -164,6 +164,13 @@ class UnknownModel(DomainError, code="UnknownModel", status=400):
     default_message = "No worker serves any of the requested models."
 
 
+class NoValidatedBackends(DomainError, code="NoValidatedBackends", status=400):
+    default_message = (
+        "This horde validates no worker bridge (VALIDATED_BRIDGE_AGENTS is empty), so no worker "
+        "could ever serve a request with validated_backends: send it without."
+    )
+
+
 class TokenOverflow(DomainError, code="TokenOverflow", status=400):
     default_message = "max_context_length must be at least max_length."
 

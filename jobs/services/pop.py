@@ -175,6 +175,7 @@ def pop_params(worker: Worker, *, trusted: bool, now: datetime) -> dict[str, Any
         "w_chat": worker.chat,
         "w_tools": worker.tools,
         "w_structured_outputs": worker.structured_outputs,
+        "w_bridge_agent": worker.bridge_agent,
         "wa_trusted": trusted,
         "plan_hint": False,
     }

@@ -148,6 +148,9 @@ def create_text_request(
     now: datetime | None = None,
     shared_key: SharedKey | None = None,
     webhook: str | None = None,
+    validated_backends: bool = False,
+    disable_batching: bool = False,
+    proxied_account: str = "",
 ) -> QueuedText:
     """Queue a text request; return it (None on a dry run), its cost, and a warning when no
     online worker may be offered it now.
@@ -164,9 +167,15 @@ def create_text_request(
     is taken off the budget as it is queued (`_queue`).
 
     A `webhook` is refused (BadWebhook) unless a call to it now would be allowed
-    (`jobs.webhooks.checked`), a dry run's too, as on the AI Horde."""
+    (`jobs.webhooks.checked`), a dry run's too, as on the AI Horde.
+
+    The AI Horde's request fields of its own: `proxied_account` only from a service account
+    (`workers.proxies`), `disable_batching` with n above 1 only from a trusted one, and
+    `validated_backends` refused at once only where no bridge is validated at all."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
+    if proxied_account and not account.service:
+        raise errors.OnlyServiceAccountProxy()
     webhook = webhooks.checked(webhook)
     account, shared_key = shared_keys.spender(account, shared_key, now=now, allow_downgrade=allow_downgrade)
     n = params.pop("n", 1)
@@ -184,6 +193,10 @@ def create_text_request(
         missing = [str(w) for w in workers if w not in known]
         if missing:
             raise errors.WorkerNotFound(f"No worker with id {missing[0]}.")
+    if disable_batching and n > 1 and not account.trusted:
+        raise errors.RequiresTrust()
+    if validated_backends and not settings.VALIDATED_BRIDGE_AGENTS:
+        raise errors.NoValidatedBackends()
     if dry_run:
         return QueuedText(request=None, kudos=_whole(cost))
     fields = {
@@ -197,6 +210,9 @@ def create_text_request(
         "worker_blacklist": worker_blacklist and bool(workers),
         "trusted_workers": trusted_workers,
         "slow_workers": slow_workers,
+        "validated_backends": validated_backends,
+        "disable_batching": disable_batching,
+        "proxied_account": proxied_account,
         "n": n,
         "queued": n,
         "webhook": webhook,

@@ -30,7 +30,8 @@ _POPPING_WORKER = """
                      %(w_served_models)s::varchar[] AS served_models,
                      %(w_maintenance)s::boolean AS maintenance, %(w_chat)s::boolean AS chat,
                      %(w_tools)s::boolean AS tools,
-                     %(w_structured_outputs)s::boolean AS structured_outputs) AS w,
+                     %(w_structured_outputs)s::boolean AS structured_outputs,
+                     %(w_bridge_agent)s::varchar AS bridge_agent) AS w,
              (SELECT %(wa_trusted)s::boolean AS trusted) AS wa"""
 
 # How many waiting requests, from the head of the queue, a pop that found nothing explains.
@@ -145,13 +146,17 @@ def pop() -> str:
     """
 
 
+# The jobs a pop takes of the request it claims: as many as it asks for and the request has
+# queued, but one of a request that disables batching.
+_TAKE = "LEAST(CASE WHEN p.disable_batching THEN 1 ELSE %(amount)s END, p.queued)"
+
 # What the claim returns after the request's own columns, in order.
 CLAIMED = ("fallback_tier", "take", "generation_model", "generation_ids")
 
 
 @cache
 def claim() -> str:
-    """Lock the best request (`pop`), take up to `amount` of its jobs, insert their
+    """Lock the best request (`pop`), take up to `amount` of its jobs (`_TAKE`), insert their
     generations; return the request with `CLAIMED`.
 
     The model is the first the worker serves that the request asks for (or the worker's
@@ -164,9 +169,9 @@ def claim() -> str:
         WITH picked AS ({pop()}),
         taken AS (
             UPDATE {REQUESTS} AS t
-            SET queued = t.queued - LEAST(%(amount)s, p.queued)
+            SET queued = t.queued - {_TAKE}
             FROM picked AS p WHERE t.id = p.id
-            RETURNING t.id, LEAST(%(amount)s, p.queued) AS take
+            RETURNING t.id, {_TAKE} AS take
         ),
         chosen AS (
             SELECT COALESCE((

@@ -47,6 +47,7 @@ class WorkerSpec:
     maintenance: bool
     threads: int
     idle_seconds: float  # seconds since its last pop
+    bridge_agent: str = "unknown:0:unknown"
 
     @property
     def last_pop_at(self) -> datetime:
@@ -64,6 +65,12 @@ class RequestSpec:
     allowed: tuple[int, ...]  # indices into the fleet
     blacklist: bool = False  # `allowed` blocks instead (worker_blacklist)
     slow_workers: bool = True
+    validated_backends: bool = False
+
+
+# A validated bridge, an unknown one, and a validated name that is no full `name:version:url`.
+BRIDGES = ("KoboldCppEmbedWorker:1:https://github.com/LostRuins/koboldcpp", "unknown:0:unknown", "TabbyAPI")
+VALIDATED_BRIDGES = BRIDGES[:1]
 
 
 def online(w: WorkerSpec) -> bool:
@@ -72,7 +79,7 @@ def online(w: WorkerSpec) -> bool:
 
 def passes_filters(r: RequestSpec, i: int, w: WorkerSpec, trusted: list[bool]) -> bool:
     """Could worker `i` serve the request at all: models, lengths, trust, names (allowed or
-    blocked), slow workers, maintenance, chat."""
+    blocked), a validated bridge, slow workers, maintenance, chat."""
     speed = settings.UNMEASURED_TEXT_WORKER_TOKENS_PER_SECOND if w.speed is None else w.speed
     return (
         r.max_length <= w.max_length
@@ -81,6 +88,7 @@ def passes_filters(r: RequestSpec, i: int, w: WorkerSpec, trusted: list[bool]) -
         and (not r.allowed or (i in r.allowed) != r.blacklist)
         and (r.slow_workers or speed >= 2)
         and (not r.trusted_workers or trusted[w.account])
+        and (not r.validated_backends or w.bridge_agent in VALIDATED_BRIDGES)
         and (not w.maintenance or w.account == r.account)
         and (r.kind == "text" or w.chat)
     )
@@ -177,6 +185,7 @@ def build(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec, *, b
             max_context_length=w.max_context_length,
             maintenance=w.maintenance,
             threads=w.threads,
+            bridge_agent=w.bridge_agent,
             created_at=NOW - timedelta(days=1),
             last_pop_at=w.last_pop_at,
         )
@@ -193,6 +202,7 @@ def build(accounts: list[bool], fleet: list[WorkerSpec], spec: RequestSpec, *, b
         allowed_workers=[workers[i].pk for i in spec.allowed],
         worker_blacklist=spec.blacklist and bool(spec.allowed),
         slow_workers=spec.slow_workers,
+        validated_backends=spec.validated_backends,
         trusted_workers=spec.trusted_workers,
         n=1,
         queued=1,
@@ -301,6 +311,7 @@ def worker_specs(n_accounts: int, max_length: int) -> st.SearchStrategy[WorkerSp
         maintenance=mostly(False, st.booleans()),
         threads=st.integers(1, 4),
         idle_seconds=IDLE,
+        bridge_agent=mostly(BRIDGES[0], st.sampled_from(BRIDGES)),
     )
 
 
@@ -322,6 +333,7 @@ def scenarios(draw) -> tuple[list[bool], list[WorkerSpec], RequestSpec, bool]:
         allowed=allowed,
         blacklist=draw(mostly(False, st.just(True))),
         slow_workers=draw(mostly(True, st.just(False))),
+        validated_backends=draw(mostly(False, st.just(True))),
     )
     # Half the time behind requests nobody may take: the pop reaches it by its shape.
     return accounts, fleet, spec, draw(st.booleans())
@@ -456,6 +468,18 @@ def test_a_stale_or_filtered_out_capable_worker_does_not_block_the_fallback():
         seen = offers([False, False], fleet, chat_request(2000))
     # The stale one would still be offered it when it pops again, at tier 1.
     assert seen["offered"] == {0: 1, 3: 3}
+    assert (seen["workers"], seen["capable"]) == (1, 0)
+
+
+@pytest.mark.django_db
+def test_a_faster_worker_of_an_unvalidated_bridge_does_not_hold_back_a_validated_one():
+    fleet = [
+        chat_worker(speed=50.0, bridge_agent="unknown:0:unknown"),
+        chat_worker(speed=1.0, bridge_agent=BRIDGES[0]),
+    ]
+    with transaction.atomic():
+        seen = offers([False], fleet, chat_request(2000, validated_backends=True))
+    assert seen["offered"] == {1: 3}
     assert (seen["workers"], seen["capable"]) == (1, 0)
 
 

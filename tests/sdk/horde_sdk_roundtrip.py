@@ -170,6 +170,27 @@ def _ask_text(client: AIHordeAPIManualClient, api_key: str, **body: Any) -> Text
     return _send(client, request, TextGenerateAsyncResponse)
 
 
+def _ask_proxied(client: AIHordeAPIManualClient, api_key: str, model: str) -> dict[str, Any]:
+    """The AI Horde's request fields of its own, as the SDK sends them: for one of a service
+    account's users, from validated bridges only, unbatched. Accepted from a service account,
+    refused (OnlyServiceAccountProxy) from any other; either answer parsed by its model."""
+    request = TextGenerateAsyncRequest(
+        apikey=api_key,
+        prompt=PROMPT,
+        params=ModelGenerationInputKobold(max_length=MAX_LENGTH, max_context_length=1024),
+        models=[model],
+        validated_backends=True,
+        disable_batching=True,
+        proxied_account="sdk-reader#1",
+    )
+    answer = client.submit_request(request, TextGenerateAsyncResponse)
+    if isinstance(answer, RequestErrorResponse):
+        return {"rc": answer.rc, "message": answer.message}
+    if not isinstance(answer, TextGenerateAsyncResponse):
+        raise RoundtripError(f"TextGenerateAsyncRequest: got {answer!r}")
+    return {"id": str(answer.id_), "message": answer.message, "unknown_keys": _unknown_keys(answer)}
+
+
 def run(base_url: str, requester_key: str, worker_key: str, model: str) -> dict[str, Any]:
     client = AIHordeAPIManualClient()
     worker_name = f"sdk-worker-{os.getpid()}"
@@ -220,10 +241,12 @@ def run(base_url: str, requester_key: str, worker_key: str, model: str) -> dict[
         time.sleep(0.2)
 
     discovery = _discover(client, requester_key, worker_key, worker_name, model)
+    proxied = _ask_proxied(client, requester_key, model)
 
     return {
         "base_url": base_url,
         "discovery": discovery,
+        "proxied": proxied,
         "first_pop": {"id": first_pop.id_ and str(first_pop.id_), "ids": [str(i) for i in first_pop.ids]},
         "request_id": str(created.id_),
         "request_kudos": created.kudos,
