@@ -9,9 +9,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Coalesce
+
 from kudos.models import Wallet
 from workers.details import unique_alias
-from workers.models import Account
+from workers.models import Account, Worker
 
 # The AI Horde's `kudos_details` keys, each shown, 0 where nothing moved.
 DETAILS_KEYS = ("accumulated", "gifted", "donated", "admin", "received", "recurring", "awarded", "styled")
@@ -37,15 +40,25 @@ def records(details: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def user_details(
-    account: Account, *, now: datetime, privileged: bool, moderator: bool = False
+    account: Account,
+    *,
+    now: datetime,
+    privileged: bool,
+    moderator: bool = False,
+    worker_ids: list[str] | None = None,
+    wallets: dict[bool, tuple[Decimal, dict]] | None = None,
 ) -> dict[str, Any]:
-    workers = list(account.workers.live())  # as many as the account runs
-    wallets = {
-        escrow: (balance, details)
-        for escrow, balance, details in Wallet.objects.filter(account=account).values_list(
-            "escrow", "balance", "details"
-        )
-    }
+    """`worker_ids` and `wallets` (by escrow: balance and details) as read for many accounts at
+    once (`users_page`); read here when not given."""
+    if worker_ids is None:  # as many as the account runs
+        worker_ids = [str(pk) for pk in account.workers.live().values_list("pk", flat=True)]
+    if wallets is None:
+        wallets = {
+            escrow: (balance, details)
+            for escrow, balance, details in Wallet.objects.filter(account=account).values_list(
+                "escrow", "balance", "details"
+            )
+        }
     balance, moved = wallets.get(False, (Decimal(0), {}))
     details: dict[str, Any] = {
         "username": unique_alias(account),
@@ -56,12 +69,13 @@ def user_details(
         "contributions": {},
         "records": records(moved),
         "concurrency": account.waiting_requests_limit,
-        "worker_invited": 0,
+        # The AI Horde's invitation is hordeops' worker limit a moderator set (0: none set).
+        "worker_invited": account.worker_limit or 0,
         "moderator": account.moderator,
         "trusted": account.trusted,
-        "flagged": False,
+        "flagged": account.flagged_at is not None,
         "pseudonymous": account.is_anonymous or account.pseudonymous,
-        "worker_count": len(workers),
+        "worker_count": len(worker_ids),
         "account_age": max(0, int((now - account.created_at).total_seconds())),
         "service": False,
         "deleted": False,
@@ -69,13 +83,56 @@ def user_details(
         "customizer": False,
         "styles": [],
     }
+    if privileged or account.public_workers:
+        details["worker_ids"] = worker_ids
     if privileged:
         details.update(
-            worker_ids=[str(worker.pk) for worker in workers],
             sharedkey_ids=[str(key) for key in account.shared_keys.values_list("pk", flat=True)],
             vpn=False,
             special=False,
         )
+        if account.contact:
+            details["contact"] = account.contact
     if moderator:
         details["evaluating_kudos"] = _number(wallets.get(True, (Decimal(0), {}))[0])
+        if account.admin_comment:
+            details["admin_comment"] = account.admin_comment
     return details
+
+
+# The AI Horde's page of users, and the last page it answers (past it: an empty list).
+USERS_PER_PAGE = 25
+LAST_USERS_PAGE = 10000
+USER_SORTS = ("kudos", "age")
+
+
+def users_page(*, sort: str, page: int, now: datetime) -> list[dict[str, Any]]:
+    """A page of every account as anyone sees it (the AI Horde's `Users`): by spendable kudos,
+    most first, or by `age`, oldest first (any other `sort` is `kudos`, as there); three
+    statements, whatever the page."""
+    if page > LAST_USERS_PAGE:
+        return []
+    if sort == "age":
+        order = ("created_at", "id")
+    else:
+        balance = Wallet.objects.filter(account=OuterRef("pk"), escrow=False).values("balance")[:1]
+        order = (Coalesce(Subquery(balance), Decimal(0)).desc(), "id")
+    start = (max(page, 1) - 1) * USERS_PER_PAGE
+    accounts = list(Account.objects.order_by(*order)[start : start + USERS_PER_PAGE])
+    ids = [account.pk for account in accounts]
+    workers: dict[int, list[str]] = {pk: [] for pk in ids}
+    for account_id, worker_id in (
+        Worker.objects.live().filter(account_id__in=ids).order_by("name").values_list("account_id", "pk")
+    ):
+        workers[account_id].append(str(worker_id))
+    wallets: dict[int, dict[bool, tuple[Decimal, dict]]] = {pk: {} for pk in ids}
+    for account_id, escrow, kept, moved in Wallet.objects.filter(account_id__in=ids).values_list(
+        "account_id", "escrow", "balance", "details"
+    ):
+        wallets[account_id][escrow] = (kept, moved)
+    return [
+        user_details(
+            account, now=now, privileged=False, worker_ids=workers[account.pk], wallets=wallets[account.pk]
+        )
+        for account in accounts
+    ]

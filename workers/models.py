@@ -71,6 +71,13 @@ class Account(models.Model):
     # Made through the sign-up page (`front/signup.py`) with no identity behind it, as the AI
     # Horde's pseudonymous users: its kudos floor is theirs (`kudos.rates.floor`).
     pseudonymous = models.BooleanField(default=False, db_default=False)
+    # The AI Horde's user settings (PUT /api/v2/users/{id}): worker ids shown to anyone, how
+    # moderators reach the person (shown to it and to moderators), a note moderators keep.
+    public_workers = models.BooleanField(default=False, db_default=False)
+    contact = models.CharField(max_length=500, blank=True, default="", db_default="")
+    admin_comment = models.CharField(
+        max_length=500, blank=True, default="", db_default="", help_text="Seen by moderators only."
+    )
     # The identity a person signs in with through a provider (front/oauth.py): a Django user with
     # no password, on which allauth keeps the provider's id for them; none for a key's account.
     user = models.OneToOneField(
