@@ -5,7 +5,6 @@ through them is logged in the admin's history as the same act in the admin is.""
 
 import unicodedata
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -133,7 +132,8 @@ class ModifyUserOutput(serializers.Serializer):
     contact = serializers.CharField(required=False)
 
 
-USER_ID = OpenApiParameter("user_id", OpenApiTypes.STR, OpenApiParameter.PATH)
+# The AI Horde's user ids are numbers; anything else is no account (404 UserNotFound).
+USER_ID = OpenApiParameter("user_id", {"type": "string", "pattern": "^[0-9]{1,18}$"}, OpenApiParameter.PATH)
 
 
 def _caller(request: Request) -> Account:
