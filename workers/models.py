@@ -90,6 +90,8 @@ class Account(models.Model):
 
     class Meta:
         ordering = ("name",)
+        # GET /api/v2/users?sort=age pages through it, oldest first.
+        indexes = [models.Index(fields=["created_at", "id"], name="account_by_age")]
 
     def __str__(self) -> str:
         return self.name
