@@ -60,7 +60,10 @@ class Account(models.Model):
     # Set by moderators: how many workers this account may run; empty: WORKER_LIMIT_TRUSTED if
     # trusted, else WORKER_LIMIT_UNTRUSTED (the AI Horde's 20 and 3).
     worker_limit = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Workers this account may run; empty: 3, or 20 if trusted."
+        null=True,
+        blank=True,
+        help_text="Workers this account may run, in invite-only mode too (an invitation); empty: 3, or 20 if "
+        "trusted.",
     )
     # Suspended by a moderator: its key is refused everywhere, with this reason.
     suspended_at = models.DateTimeField(null=True, blank=True)
