@@ -8,8 +8,7 @@ the admin is (`LogEntry`), which only `front` may know."""
 import logging
 from uuid import UUID
 
-from django.contrib.admin.models import ADDITION, DELETION, LogEntry
-from django.contrib.auth import get_user_model
+from django.contrib.admin.models import ADDITION, DELETION
 from django.db import transaction
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
@@ -18,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from front.api_log import log_api_act
 from hordeops import clock, errors
 from hordeops.parsing import ascii_int
 from hordeops.serializers import (
@@ -29,32 +29,10 @@ from hordeops.serializers import (
     StrictUUIDField,
 )
 from workers import messages, services
-from workers.details import unique_alias
 from workers.models import MESSAGE_MAX_LENGTH, Account, WorkerMessage
 from workers.views import SIMPLE
 
 logger = logging.getLogger(__name__)
-
-# The admin's history needs a Django user: an API moderator's own (signed in through a provider)
-# or, for a key's account without one, this inactive one, the account named in the entry.
-API_USER = "horde-api"
-
-
-def _log(account: Account, row: WorkerMessage, flag: int, what: str) -> None:
-    user_id = account.user_id
-    if user_id is None:
-        user, made = get_user_model().objects.get_or_create(username=API_USER, defaults={"is_active": False})
-        if made:  # no one signs in as it
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-        user_id = user.pk
-    LogEntry.objects.log_actions(
-        user_id=user_id,
-        queryset=[row],
-        action_flag=flag,
-        change_message=f"{what} through the API by {unique_alias(account)}",
-        single_object=True,
-    )
 
 
 def write_message(
@@ -66,7 +44,7 @@ def write_message(
             author=author, worker_id=worker_id, message=message, origin=origin, hours=hours, now=clock.now()
         )
         if author.moderator:
-            _log(author, row, ADDITION, "Sent")
+            log_api_act(author, row, "Sent", flag=ADDITION)
     logger.info("message %s to worker %s by account %s", row.pk, row.worker_id, author.pk)
     return row
 
@@ -76,7 +54,7 @@ def remove_message(*, caller: Account, message_id: str) -> None:
     with transaction.atomic():
         row = messages.deletable(caller=caller, message_id=message_id)
         if caller.moderator:
-            _log(caller, row, DELETION, "Deleted")
+            log_api_act(caller, row, "Deleted", flag=DELETION)
         pk = row.pk
         row.delete()
     logger.info("message %s deleted by account %s", pk, caller.pk)

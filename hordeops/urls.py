@@ -2,13 +2,18 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from front import documents, worker_messages
+from front import documents, moderator_routes, worker_messages
 from hordeops import api
 from hordeops.views import HeartbeatView
 from jobs import chat, chat_models
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # The routes where a moderator's act is logged in the admin's history (`front`): before the
+    # apps', which serve the rest.
+    path("api/v2/status/modes", moderator_routes.ModesView.as_view(), name="status-modes"),
+    re_path(r"^api/v2/users/(?P<user_id>[^/]*)$", moderator_routes.UserView.as_view(), name="user"),
+    path("api/v2/kudos/award", moderator_routes.KudosAwardView.as_view(), name="kudos-award"),
     path("api/v2/", include("jobs.urls")),
     # Before `workers/{id}`, which would read "messages" as a worker's id.
     path("api/v2/workers/messages", worker_messages.WorkerMessagesView.as_view(), name="worker-messages"),

@@ -14,7 +14,6 @@ urlpatterns = [
     path("status/models", views.ModelsStatusView.as_view(), name="status-models"),
     re_path(r"^status/models/(?P<model_name>.+)$", views.ModelStatusView.as_view(), name="status-model"),
     path("status/performance", views.PerformanceView.as_view(), name="status-performance"),
-    path("status/modes", views.ModesView.as_view(), name="status-modes"),
     path("stats/text/totals", views.TextTotalsView.as_view(), name="stats-text-totals"),
     path("stats/text/models", views.TextModelStatsView.as_view(), name="stats-text-models"),
 ]

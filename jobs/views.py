@@ -23,7 +23,7 @@ from jobs.models import TextRequest
 from jobs.schema import DEADLINE
 from jobs.status import request_status
 from kudos import rates
-from workers import messages, modes, shared_keys
+from workers import messages, shared_keys
 from workers.declaration import CAPABILITIES, WorkerDeclaration
 from workers.services import authenticate
 
@@ -369,19 +369,6 @@ class PerformanceView(APIView):
     @extend_schema(operation_id="status_performance", responses={200: OpenApiTypes.OBJECT, **LIMITED})
     def get(self, request: Request) -> Response:
         return Response(discovery.performance(now=clock.now()))
-
-
-class ModesView(APIView):
-    @extend_schema(operation_id="status_modes", responses={200: OpenApiTypes.OBJECT, **LIMITED})
-    def get(self, request: Request) -> Response:
-        current = modes.current()
-        return Response(
-            {
-                "maintenance_mode": current.maintenance,
-                "invite_only_mode": current.invite_only,
-                "raid_mode": current.raid,
-            }
-        )
 
 
 class TextTotalsView(APIView):

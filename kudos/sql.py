@@ -33,6 +33,14 @@ LOCK_ACCOUNT = f"SELECT 1 FROM {ACCOUNTS} WHERE id = %(account_id)s FOR NO KEY U
 # stale pass's one-key lock; its first key (b"kt", kudos transfers) namespaces it.
 LOCK_TRANSFER_PAIR = "SELECT pg_advisory_xact_lock(27508, hashtext(%(pair)s))"
 
+# Every account's id by spendable kudos, most first (no wallet: 0), ties by id, as one array:
+# the users list's order (`kudos.details`). A sort of every account: balances are not indexed,
+# which would cost every posted event an index write.
+ACCOUNTS_BY_KUDOS = (
+    f"SELECT array_agg(a.id ORDER BY COALESCE(w.balance, 0) DESC, a.id) FROM {ACCOUNTS} AS a "
+    f"LEFT JOIN {WALLETS} AS w ON w.account_id = a.id AND NOT w.escrow"
+)
+
 # What the account's (%(account_id)s) holds add up to (on `hold_by_account`).
 HELD = f"(SELECT COALESCE(sum(h.amount), 0) FROM {HOLDS} AS h WHERE h.account_id = %(account_id)s)"
 

@@ -2,15 +2,17 @@
 the answer with `kudos.details`; and its kudos transfer (`kudos.transfers`)."""
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
-from hordeops.parsing import ascii_int
-from hordeops.serializers import APIKEY_AUTH, OPTIONAL_APIKEY_AUTH, HordeErrorOutput
+from hordeops.parsing import MAX_DIGITS, ascii_int
+from hordeops.replica import replica_reads
+from hordeops.serializers import APIKEY_AUTH, OBJECT_LIST, OPTIONAL_APIKEY_AUTH, HordeErrorOutput
+from kudos import details, transfers
 from kudos import serializers as s
-from kudos import transfers
 from kudos.details import user_details
 from workers import services, shared_keys
 from workers.models import Account
@@ -30,6 +32,39 @@ class FindUserView(APIView):
             details = user_details(account, now=clock.now(), privileged=False)
             return Response({**details, "username": shared_keys.username(shared_key)})
         return Response(user_details(account, now=clock.now(), privileged=True, moderator=account.moderator))
+
+
+class UsersView(APIView):
+    @replica_reads
+    @extend_schema(
+        operation_id="users",
+        parameters=[
+            OpenApiParameter(
+                "page",
+                {"type": "integer", "minimum": 1, "maximum": 10**18 - 1},
+                description=f"{details.USERS_PER_PAGE} users a page; none past {details.LAST_USERS_PAGE}.",
+                default=1,
+            ),
+            OpenApiParameter("sort", str, enum=list(details.USER_SORTS), default="kudos"),
+        ],
+        responses={200: OBJECT_LIST, 400: HordeErrorOutput, 429: HordeErrorOutput},
+    )
+    def get(self, request: Request) -> Response:
+        """Every account, a page at a time, as anyone sees it: by kudos, most first, or by age."""
+        page = _page(request.query_params.get("page") or "1")
+        sort = request.query_params.get("sort") or "kudos"
+        return Response(details.users_page(sort=sort, page=page, now=clock.now()))
+
+
+def _page(raw: str) -> int:
+    """The page asked for, read as the AI Horde reads it: below 1 is the first, and any whole
+    number past the last page is one (an empty list); anything else is refused."""
+    digits = raw.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValidationError({"page": "Which page of results to return: a whole number."})
+    if raw.startswith("-"):
+        return 1
+    return int(digits) if len(digits) <= MAX_DIGITS else details.LAST_USERS_PAGE + 1
 
 
 class UserView(APIView):

@@ -375,3 +375,48 @@ def test_horde_sdk_in_strict_mode_blocks_a_workers_address_and_lifts_it(live_ser
 
     assert seen == {"blocked": "OK", "lifted": "OK"}
     assert not AddressTimeout.objects.exists()  # set, then lifted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_lists_users_changes_one_as_a_moderator_and_itself_and_awards_kudos(
+    live_server, tmp_path
+) -> None:
+    """Every call horde_sdk 0.33.3 makes for these routes; it has no request for
+    `/v2/status/modes` (GET or PUT), so none is sent here."""
+    from django.core.management import call_command
+
+    from kudos import ledger
+
+    moderator, moderator_key = create_account(name="sdk-users-moderator")
+    Account.objects.filter(pk=moderator.pk).update(moderator=True)
+    owner, owner_key = create_account(name="sdk-users-owner")
+    give_kudos(Caller(account=moderator, api_key=moderator_key, client=None), "1000")
+
+    args = ["moderators", moderator_key, owner_key, str(owner.pk)]
+    seen = _run_script(f"{live_server.url}/api/", args, tmp_path, strict=True)
+
+    alias = f"sdk-users-moderator#{moderator.pk}"
+    assert seen["by_kudos"][0] == alias and f"sdk-users-owner#{owner.pk}" in seen["by_kudos"]
+    assert seen["by_age"][-2:] == [alias, f"sdk-users-owner#{owner.pk}"]
+    assert seen["moderated"] == {
+        "new_kudos": 50.0,
+        "trusted": True,
+        "concurrency": 5,
+        "worker_invited": 2,
+        "admin_comment": "Runs a big box.",
+        "flagged": True,
+    }
+    assert seen["reset"] == {"new_suspicion": 0}
+    assert seen["own"] == {"public_workers": True, "contact": "me@example.org", "username": "sdk-renamed"}
+    assert (seen["awarded"], seen["stranger_refused"]) == (25.0, "NotModerator")
+    assert seen["me"] == {
+        "username": f"sdk-renamed#{owner.pk}",
+        "kudos": 75.0,
+        "trusted": True,
+        "flagged": False,
+        "concurrency": 5,
+        "worker_invited": 2,
+        "contact": "me@example.org",
+    }
+    assert ledger.balance(owner.pk) == 75
+    call_command("check_kudos")  # the awards were minted: the ledger still balances

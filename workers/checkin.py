@@ -77,7 +77,7 @@ def check_in_worker(
     if worker is None or worker.account_id != account.id:
         raise errors.WrongCredentials("This worker name is owned by another account.")
     if worker.created_at == now and not account.trusted:
-        refuse_new_worker_by_mode(worker)
+        refuse_new_worker_by_mode(worker, account)
     worker.account = account
     return worker
 
@@ -117,10 +117,17 @@ def refuse_past_limits(account: Account, address: str | None) -> None:
             raise errors.TooManySameIPs()
 
 
-def refuse_new_worker_by_mode(worker: Worker) -> None:
-    """In invite-only or raid mode an untrusted account's new worker is refused: the row its
-    first pop just made is removed again (it holds nothing yet)."""
+def refuse_new_worker_by_mode(worker: Worker, account: Account) -> None:
+    """In invite-only mode an untrusted account's new worker is refused unless a moderator
+    invited it (gave it a worker limit: the AI Horde's `worker_invited`, within which the
+    check-in counts it), in raid mode always: the row its first pop just made is removed again
+    (it holds nothing yet)."""
     now_modes = modes.read()
-    if now_modes.invite_only or now_modes.raid:
-        Worker.objects.filter(pk=worker.pk, completed_jobs=0).delete()
-        raise errors.WorkerInviteOnly() if now_modes.invite_only else errors.RaidMode()
+    if now_modes.invite_only and not account.worker_limit:
+        refused = errors.WorkerInviteOnly()
+    elif now_modes.raid:
+        refused = errors.RaidMode()
+    else:
+        return
+    Worker.objects.filter(pk=worker.pk, completed_jobs=0).delete()
+    raise refused

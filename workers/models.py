@@ -71,7 +71,10 @@ class Account(models.Model):
     # Set by moderators: how many workers this account may run; empty: WORKER_LIMIT_TRUSTED if
     # trusted, else WORKER_LIMIT_UNTRUSTED (the AI Horde's 20 and 3).
     worker_limit = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Workers this account may run; empty: 3, or 20 if trusted."
+        null=True,
+        blank=True,
+        help_text="Workers this account may run, in invite-only mode too (an invitation); empty: 3, or 20 if "
+        "trusted.",
     )
     # Suspended by a moderator: its key is refused everywhere, with this reason.
     suspended_at = models.DateTimeField(null=True, blank=True)
@@ -82,6 +85,13 @@ class Account(models.Model):
     # Made through the sign-up page (`front/signup.py`) with no identity behind it, as the AI
     # Horde's pseudonymous users: its kudos floor is theirs (`kudos.rates.floor`).
     pseudonymous = models.BooleanField(default=False, db_default=False)
+    # The AI Horde's user settings (PUT /api/v2/users/{id}): worker ids shown to anyone, how
+    # moderators reach the person (shown to it and to moderators), a note moderators keep.
+    public_workers = models.BooleanField(default=False, db_default=False)
+    contact = models.CharField(max_length=500, blank=True, default="", db_default="")
+    admin_comment = models.CharField(
+        max_length=500, blank=True, default="", db_default="", help_text="Seen by moderators only."
+    )
     # The identity a person signs in with through a provider (front/oauth.py): a Django user with
     # no password, on which allauth keeps the provider's id for them; none for a key's account.
     user = models.OneToOneField(
@@ -100,6 +110,8 @@ class Account(models.Model):
                 name="account_passkey_of_service",
             ),
         ]
+        # GET /api/v2/users?sort=age pages through it, oldest first.
+        indexes = [models.Index(fields=["created_at", "id"], name="account_by_age")]
 
     def __str__(self) -> str:
         return self.name

@@ -31,6 +31,17 @@ def read() -> Modes:
     return Modes(**row) if row else Modes()
 
 
+def set_modes(**changes: bool) -> Modes:
+    """Set some of the modes (`maintenance`, `invite_only`, `raid`), as moderators do in the
+    admin or through `PUT /api/v2/status/modes`; every process sees them within SNAPSHOT_SECONDS
+    (this one at once: the save's signal drops its snapshot). Returns the modes as now set."""
+    row, _ = HordeModes.objects.get_or_create(pk=1)
+    for name, value in changes.items():
+        setattr(row, name, value)
+    row.save()
+    return Modes(maintenance=row.maintenance, invite_only=row.invite_only, raid=row.raid)
+
+
 def current() -> Modes:
     """The modes, at most SNAPSHOT_SECONDS old."""
     global _snapshot

@@ -22,7 +22,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from workers.models import Account, Suspicion
+from workers.models import ANONYMOUS_API_KEY_HASH, Account, Suspicion
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,20 @@ def report(*, account_id: int, worker_id: UUID | None, reason: str, detail: str,
         Account.objects.filter(pk=account_id).update(flagged_at=now)
     logger.warning("account %s flagged: its workers are offered no jobs", account_id)
     return True
+
+
+def flag(*, accounts, now: datetime) -> list[Account]:
+    """A moderator's flag, as SUSPICION_THRESHOLD suspicions would set it: the accounts' workers
+    are offered no jobs and they are never trusted by their kudos, until cleared (`clear`). The
+    anonymous account is never flagged, as on the AI Horde. Returns those flagged now."""
+    with transaction.atomic():
+        flagging = list(
+            accounts.select_for_update().filter(flagged_at=None).exclude(api_key_hash=ANONYMOUS_API_KEY_HASH)
+        )
+        Account.objects.filter(pk__in=[a.pk for a in flagging]).update(flagged_at=now)
+    for account in flagging:
+        logger.warning("account %s flagged by a moderator: its workers are offered no jobs", account.pk)
+    return flagging
 
 
 def clear(*, accounts) -> int:

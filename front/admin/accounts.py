@@ -110,6 +110,9 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "deadline_limit_ms",
         "max_waiting_requests",
         "worker_limit",
+        "public_workers",
+        "contact",
+        "admin_comment",
         "suspension_reason",
         "suspended_at",
         "flagged_at",
@@ -124,6 +127,9 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "deadline_limit_ms",
         "max_waiting_requests",
         "worker_limit",
+        "public_workers",
+        "contact",
+        "admin_comment",
         "suspension_reason",
     )
     actions = (
@@ -133,6 +139,7 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "lift_suspension",
         "reset_key",
         "make_proxy_passkey",
+        "flag",
         "clear_suspicion",
     )
     show_full_result_count = False
@@ -240,13 +247,11 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
     # -- Actions -------------------------------------------------------------------------------
 
     def _set_trust(self, request, queryset, trusted: bool) -> None:
-        changing = list(queryset.exclude(trusted=trusted))
-        services.set_trust(accounts=queryset, trusted=trusted)
-        word = "Trusted" if trusted else "Untrusted"
+        # The API's way too (`PUT /api/v2/users/{id}` `trusted`): one step, the same words.
+        changing = moderation.trust_accounts(accounts=queryset, trusted=trusted)
         for account in changing:
-            self.log_change(
-                request, account, f"{word} (their workers' next pops get the matching lease cap)."
-            )
+            self.log_change(request, account, f"{moderation.TRUST_WORDS[trusted]}.")
+        word = "Trusted" if trusted else "Untrusted"
         self.message_user(request, f"{word} {len(changing)} account(s).", messages.SUCCESS)
 
     @admin.action(description="Trust the selected accounts", permissions=["change"])
@@ -318,13 +323,22 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         title="Clear suspicions",
         consequence="Their suspicions are forgotten and the flag lifted: their workers are offered "
         "jobs again.",
-        logged="Suspicions cleared (its workers offered jobs again)",
+        logged=moderation.SUSPICIONS_CLEARED,
         done="Cleared {} account(s)' suspicions.",
     )
     def clear_suspicion(self, request, queryset, reason: str) -> list[Account]:
-        clearing = list(queryset.filter(suspicions__isnull=False).distinct())
-        suspicion.clear(accounts=queryset)
-        return clearing
+        return moderation.clear_suspicions(accounts=queryset)
+
+    @asks_reason(
+        description="Flag the selected accounts (their workers offered no jobs)",
+        title="Flag accounts",
+        consequence="Their workers will be offered no jobs and they will not be trusted by their kudos, "
+        "until their suspicions are cleared.",
+        logged=moderation.FLAGGED,
+        done="Flagged {} account(s).",
+    )
+    def flag(self, request, queryset, reason: str) -> list[Account]:
+        return suspicion.flag(accounts=queryset, now=clock.now())
 
     # -- Awards --------------------------------------------------------------------------------
 
@@ -347,7 +361,7 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
             except (awards.InvalidAward, InvalidOperation) as exc:
                 form.add_error(None, str(exc))
             else:
-                self.log_change(request, account, f"Awarded {amount} kudos: {reason}")
+                self.log_change(request, account, f"{moderation.awarded(amount)}: {reason}")
                 self.message_user(request, f"Awarded {amount} kudos to {account}.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:workers_account_change", args=[account.pk]))
         context = {

@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from front.admin.shown import ModeratedFieldsMixin, choice_filter, column
 from front.reasons import asks_reason
 from hordeops import clock, timeouts
-from workers import services
+from workers import modes, services
 from workers.models import MAX_TIMEOUT_HOURS, AddressTimeout, HordeModes, Worker, WorkerMessage
 
 CapacityFilter = choice_filter(
@@ -235,9 +235,13 @@ class HordeModesAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
+    def save_model(self, request, obj, form, change) -> None:
+        # The API's way too (`PUT /api/v2/status/modes`): one step sets the modes.
+        modes.set_modes(**{name: getattr(obj, name) for name in ("maintenance", "invite_only", "raid")})
+
     def changelist_view(self, request, extra_context=None):
-        modes, _ = HordeModes.objects.get_or_create(pk=1)
-        return redirect(reverse("admin:workers_hordemodes_change", args=[modes.pk]))
+        row, _ = HordeModes.objects.get_or_create(pk=1)
+        return redirect(reverse("admin:workers_hordemodes_change", args=[row.pk]))
 
 
 class AddressTimeoutForm(forms.ModelForm):

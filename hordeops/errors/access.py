@@ -19,8 +19,8 @@ class MaintenanceMode(DomainError, code="MaintenanceMode", status=400, retry_aft
 
 class WorkerInviteOnly(DomainError, code="WorkerInviteOnly", status=403):
     default_message = (
-        "This horde has been switched to worker invite-only mode: only trusted accounts may start "
-        "new workers. Ask a moderator."
+        "This horde has been switched to worker invite-only mode: only trusted accounts, and those "
+        "a moderator invited, may start new workers. Ask a moderator."
     )
 
 
@@ -181,3 +181,34 @@ class WorkerMessageNotFound(DomainError, code="WorkermessageNotFound", status=40
 
     def __init__(self, message_id: str) -> None:
         super().__init__(f"Workermessage with ID '{message_id}' not found.")
+
+
+class NotAdmin(DomainError, code="NotAdmin", status=403):
+    # The AI Horde's admins (its ADMINS list) are hordeops' superusers, who act in the admin.
+    default_message = "Only the horde's operator may change this, in the admin."
+
+
+class NotAllowedAwards(DomainError, code="NotAllowedAwards", status=403):
+    default_message = "Only moderators can award kudos."
+
+
+class NoUserModSelected(DomainError, code="NoUserModSelected", status=400):
+    default_message = "No usermod operations selected!"
+
+
+class NoHordeModSelected(DomainError, code="NoHordeModSelected", status=400):
+    default_message = "No mod change selected!"
+
+
+class AnonForbiddenUserMod(AnonForbidden, code="AnonForbiddenUserMod"):
+    pass
+
+
+class UserNotDeleted(DomainError, code="UserNotDeleted", status=400):
+    # hordeops deletes no account: none can be undeleted.
+    default_message = "User is not deleted, cannot undelete!"
+
+
+class TooLongUserName(DomainError, code="TooLongUserName", status=400):
+    def __init__(self, allowed: int) -> None:
+        super().__init__(f"A username may be at most {allowed} characters long.")

@@ -210,3 +210,21 @@ def test_a_binding_list_action_asks_for_a_reason_first_and_logs_it(moderator, ow
         entry.change_message
         == "Paused (offered no jobs until a moderator unpauses it): Replies are gibberish."
     )
+
+
+def test_the_flag_action_stops_an_accounts_workers_with_a_reason_and_a_log(moderator, owner):
+    moderator.post(
+        "/admin/workers/account/",
+        {"action": "flag", "reason": "Fake replies.", "_selected_action": [owner.account.pk]},
+    )
+    assert Account.objects.get(pk=owner.account.pk).flagged_at is not None
+    [entry] = LogEntry.objects.filter(object_id=str(owner.account.pk))
+    assert (
+        entry.change_message
+        == "Flagged (its workers offered no jobs until its suspicions are cleared): Fake replies."
+    )
+    moderator.post(
+        "/admin/workers/account/",
+        {"action": "clear_suspicion", "reason": "Sorted out.", "_selected_action": [owner.account.pk]},
+    )
+    assert Account.objects.get(pk=owner.account.pk).flagged_at is None  # a flag alone is cleared too

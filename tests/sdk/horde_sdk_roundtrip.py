@@ -15,7 +15,9 @@ and the three documents (`documents`); `... horde_sdk_roundtrip.py teams CREATOR
 WORKER_ID` makes, lists, reads, changes and deletes a team, with that worker in it (`teams`);
 `... horde_sdk_roundtrip.py workermessages MODERATOR_KEY OWNER_KEY WORKER_ID` sends, lists,
 reads and deletes messages to a worker (`workermessages`); `... horde_sdk_roundtrip.py
-blockworker MODERATOR_KEY WORKER_ID` times out a worker's address and lifts it (`blockworker`).
+blockworker MODERATOR_KEY WORKER_ID` times out a worker's address and lifts it (`blockworker`);
+`... horde_sdk_roundtrip.py moderators MODERATOR_KEY OWNER_KEY OWNER_ID` lists users, changes
+that account as a moderator and as itself, and awards it kudos (`moderators`).
 AI_HORDE_URL is read by horde_sdk when it is imported and must end with a slash.
 
 Every request is an SDK request model sent with the SDK's synchronous manual client, and every
@@ -81,11 +83,17 @@ from horde_sdk.ai_horde_api.apimodels import (
     HordeStatusModelsSingleRequest,
     HordeStatusModelsSingleResponse,
     JobSubmitResponse,
+    KudosAwardRequest,
+    KudosAwardResponse,
     KudosTransferRequest,
     KudosTransferResponse,
+    ListUsersDetailsRequest,
+    ListUsersDetailsResponse,
     ModelGenerationInputKobold,
     ModifyTeam,
     ModifyTeamRequest,
+    ModifyUserRequest,
+    ModifyUserResponse,
     ModifyWorkerRequest,
     ModifyWorkerResponse,
     NewsRequest,
@@ -590,6 +598,77 @@ def blockworker(moderator: str, worker_id: str) -> dict[str, Any]:
     return {"blocked": blocked.message, "lifted": lifted.message}
 
 
+def _changed(response: ModifyUserResponse) -> dict[str, Any]:
+    """The fields a ModifyUser answer set (the SDK's model has all of them, None when not sent)."""
+    return response.model_dump(exclude_none=True, exclude_unset=True)
+
+
+def moderators(moderator: str, owner: str, owner_id: str) -> dict[str, Any]:
+    """Every call horde_sdk 0.33.3 makes for users and awards (it has no request for
+    `/v2/status/modes`): the users list, by kudos and by age; a moderator's and the account's own
+    changes of it; an award; a stranger's change, refused. Each answer parsed by its model."""
+    client = AIHordeAPIManualClient()
+    by_kudos = _send(client, ListUsersDetailsRequest(page=1), ListUsersDetailsResponse)
+    by_age = _send(client, ListUsersDetailsRequest(page=1, sort="age"), ListUsersDetailsResponse)
+    moderated = _send(
+        client,
+        ModifyUserRequest(
+            apikey=moderator,
+            user_id=owner_id,
+            trusted=True,
+            concurrency=5,
+            worker_invited=2,
+            kudos=50,
+            admin_comment="Runs a big box.",
+            flagged=True,
+        ),
+        ModifyUserResponse,
+    )
+    reset = _send(
+        client,
+        ModifyUserRequest(apikey=moderator, user_id=owner_id, reset_suspicion=True),
+        ModifyUserResponse,
+    )
+    own = _send(
+        client,
+        ModifyUserRequest(
+            apikey=owner,
+            user_id=owner_id,
+            public_workers=True,
+            contact="me@example.org",
+            username="sdk-renamed",
+        ),
+        ModifyUserResponse,
+    )
+    awarded = _send(
+        client,
+        KudosAwardRequest(apikey=moderator, username=f"sdk-renamed#{owner_id}", amount=25),
+        KudosAwardResponse,
+    )
+    refused = client.submit_request(
+        ModifyUserRequest(apikey=owner, user_id=owner_id, trusted=False), ModifyUserResponse
+    )
+    me = _send(client, FindUserRequest(apikey=owner), UserDetailsResponse)
+    return {
+        "by_kudos": [user.username for user in by_kudos.root],
+        "by_age": [user.username for user in by_age.root],
+        "moderated": _changed(moderated),
+        "reset": _changed(reset),
+        "own": _changed(own),
+        "awarded": awarded.awarded,
+        "stranger_refused": getattr(refused, "rc", None),
+        "me": {
+            "username": me.username,
+            "kudos": me.kudos,
+            "trusted": me.trusted,
+            "flagged": me.flagged,
+            "concurrency": me.concurrency,
+            "worker_invited": me.worker_invited,
+            "contact": me.contact,
+        },
+    }
+
+
 def main() -> int:
     try:
         base_url = os.environ.get("AI_HORDE_URL", "")
@@ -610,6 +689,8 @@ def main() -> int:
             result = blockworker(*sys.argv[2:4])
         elif sys.argv[1:2] == ["workermessages"]:
             result = workermessages(*sys.argv[2:5])
+        elif sys.argv[1:2] == ["moderators"]:
+            result = moderators(*sys.argv[2:5])
         elif sys.argv[1:2] == ["documents"]:
             result = documents()
         else:

@@ -3,7 +3,7 @@ invite-only and raid refuse new workers of untrusted accounts; GET /status/modes
 
 from django.contrib.admin.models import LogEntry
 
-from workers.models import HordeModes, Worker
+from workers.models import Account, HordeModes, Worker
 
 MODES_PAGE = "/admin/workers/hordemodes/1/change/"
 
@@ -55,3 +55,15 @@ def test_raid_mode_refuses_new_untrusted_workers(moderator, owner, trusted_owner
 
 def requester_modes(caller) -> dict:
     return caller.client.get("/api/v2/status/modes").json()
+
+
+def test_invite_only_lets_an_untrusted_account_start_the_workers_a_moderator_invited(moderator, owner):
+    _set(moderator, invite_only=True)
+    # The AI Horde's `worker_invited` (PUT /api/v2/users/{id}) is the account's worker limit.
+    Account.objects.filter(pk=owner.account.pk).update(worker_limit=1)
+
+    assert owner.pop("invited").status_code == 200
+    assert owner.pop("uninvited").json()["rc"] == "TooManyWorkers"
+    _set(moderator, invite_only=True, raid=True)
+    Account.objects.filter(pk=owner.account.pk).update(worker_limit=2)
+    assert owner.pop("raider").json()["rc"] == "RaidMode"  # an invitation does not pass a raid
