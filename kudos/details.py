@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from kudos.models import Wallet
+from workers import styles
 from workers.details import unique_alias
 from workers.models import Account
 
@@ -32,7 +33,7 @@ def records(details: dict[str, Any]) -> dict[str, dict[str, int]]:
         "contribution": {"megapixelsteps": 0, "tokens": kept("contribution_tokens")},
         "fulfillment": {"image": 0, "text": kept("fulfillment_text"), "interrogation": 0},
         "request": {"image": 0, "text": kept("request_text"), "interrogation": 0},
-        "style": {"image": 0, "text": 0, "interrogation": 0},
+        "style": {"image": 0, "text": kept("style_text"), "interrogation": 0},
     }
 
 
@@ -66,8 +67,8 @@ def user_details(
         "service": False,
         "deleted": False,
         "education": False,
-        "customizer": False,
-        "styles": [],
+        "customizer": account.customizer,
+        "styles": styles.account_styles(account, privileged=privileged),
     }
     if privileged:
         details.update(
