@@ -217,6 +217,8 @@ class TextAsyncInput(HotInput):
     slow_workers = StrictBooleanField(default=True)
     allow_downgrade = StrictBooleanField(default=False)
     dry_run = StrictBooleanField(default=False)
+    # A style's or a collection's id or name (`jobs.styles`): the request runs under it.
+    style = StrictCharField(required=False, allow_null=True, max_length=512)
 
 
 class TextAsyncOutput(serializers.Serializer):
