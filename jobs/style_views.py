@@ -172,7 +172,9 @@ SIMPLE = inline_serializer("SimpleResponse", {"message": serializers.CharField()
 STYLE_ID = OpenApiParameter("style_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 COLLECTION_ID = OpenApiParameter("collection_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 SORT = OpenApiParameter("sort", str, enum=list(styles.SORTS), description="popular (the default) or age")
-PAGE = OpenApiParameter("page", int, description="from 1; 25 a page")
+PAGE = OpenApiParameter(
+    "page", {"type": "integer", "minimum": 1, "maximum": 10**PAGE_DIGITS - 1}, description="from 1; 25 a page"
+)
 
 
 def _valid(serializer_class, request: Request, *, unserved: dict[str, str] | None = None) -> dict:
