@@ -27,6 +27,7 @@ from jobs.styles import PROMPT_LIMIT, UNSERVED_STYLE_FIELDS, refuse_unserved
 from workers import styles
 from workers.models import Style, StyleCollection
 from workers.services import authenticate
+from workers.views import SIMPLE
 
 ERRORS = {code: HordeErrorOutput for code in (400, 401, 403, 404, 429)}
 LISTED = {400: HordeErrorOutput, 429: HordeErrorOutput}
@@ -168,7 +169,6 @@ class CollectionOutput(serializers.Serializer):
 MODIFIED = inline_serializer(
     "StyleModify", {"id": serializers.UUIDField(), "message": serializers.CharField()}
 )
-SIMPLE = inline_serializer("SimpleResponse", {"message": serializers.CharField()})
 STYLE_ID = OpenApiParameter("style_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 COLLECTION_ID = OpenApiParameter("collection_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
 SORT = OpenApiParameter("sort", str, enum=list(styles.SORTS), description="popular (the default) or age")
@@ -323,13 +323,3 @@ class CollectionByNameView(APIView):
     def get(self, request: Request, collection_name: str) -> Response:
         """A collection by name: `name`, `alias::name` or `collection::alias::name`."""
         return Response(styles.collection_details(styles.collection_by_name(collection_name)))
-
-
-class ImageStylesView(APIView):
-    """The AI Horde's image style routes: hordeops serves text only."""
-
-    @extend_schema(exclude=True)
-    def get(self, request: Request, rest: str = "") -> Response:
-        raise errors.NotFound("This horde serves text styles only: image styles are not served.")
-
-    post = patch = delete = get

@@ -24,11 +24,6 @@ urlpatterns = [
         style_views.TextStyleByNameView.as_view(),
         name="style-text-by-name",
     ),
-    re_path(
-        r"^styles/image(?P<rest>(_by_name)?(/.*)?)$",
-        style_views.ImageStylesView.as_view(),
-        name="styles-image",
-    ),
     path("collections", style_views.CollectionsView.as_view(), name="collections"),
     re_path(
         r"^collections/(?P<collection_id>[^/]*)$", style_views.CollectionView.as_view(), name="collection"
