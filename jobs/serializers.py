@@ -218,7 +218,7 @@ class TextAsyncInput(HotInput):
     allow_downgrade = StrictBooleanField(default=False)
     dry_run = StrictBooleanField(default=False)
     # A style's or a collection's id or name (`jobs.styles`): the request runs under it.
-    style = StrictCharField(required=False, allow_null=True, max_length=512)
+    style = StrictCharField(required=False, allow_null=True, max_length=512, trim_whitespace=False)
 
 
 class TextAsyncOutput(serializers.Serializer):

@@ -130,7 +130,7 @@ class CollectionInput(serializers.Serializer):
         trim_whitespace=False,
     )
     public = StrictBooleanField(default=True)
-    styles = serializers.ListField(child=StrictCharField(min_length=1, max_length=512))
+    styles = serializers.ListField(child=StrictCharField(min_length=1, max_length=512, trim_whitespace=False))
 
 
 class CollectionPatchInput(CollectionInput):
@@ -143,7 +143,9 @@ class CollectionPatchInput(CollectionInput):
     )
     public = StrictBooleanField(required=False, allow_null=True)
     styles = serializers.ListField(
-        child=StrictCharField(min_length=1, max_length=512), required=False, allow_null=True
+        child=StrictCharField(min_length=1, max_length=512, trim_whitespace=False),
+        required=False,
+        allow_null=True,
     )
 
 
