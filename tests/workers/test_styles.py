@@ -182,6 +182,30 @@ def test_a_stranger_cannot_change_a_style_even_a_moderator(trusted_owner, make_c
     assert Style.objects.get().name == "noir"
 
 
+def test_a_change_past_the_limits_or_to_a_taken_name_is_refused(trusted_owner, style):
+    _make(trusted_owner, name="taken")
+    for body, words in (
+        ({"models": list("abcdef")}, "A style can only use a maximum of 5 models."),
+        ({"tags": [f"t{i}" for i in range(11)]}, "A style can be tagged a maximum of 10 times."),
+    ):
+        assert (
+            _refused(_send(trusted_owner, "patch", f"styles/text/{style}", body), 400, "BadRequest")[
+                "message"
+            ]
+            == words
+        )
+    refused = _refused(
+        _send(trusted_owner, "patch", f"styles/text/{style}", {"name": "taken"}), 400, "BadRequest"
+    )
+    assert "already exists" in refused["message"]
+    _refused(
+        _send(trusted_owner, "patch", f"styles/text/{style}", {"prompt": "no prompt here"}),
+        400,
+        "StylePromptMissingVars",
+    )
+    assert Style.objects.get(pk=style).model_names == STYLE["models"]
+
+
 def test_a_stranger_cannot_delete_a_style_but_its_owner_or_a_moderator_can(
     trusted_owner, make_caller, anonymous
 ):
@@ -293,6 +317,8 @@ def test_its_owner_changes_a_collection_and_a_stranger_cannot(trusted_owner, mak
     other = _make(trusted_owner, name="other").json()["id"]
     stranger = make_caller("stranger", trusted=True)
     _refused(_send(stranger, "patch", f"collections/{collection}", {"name": "mine"}), 403, "Forbidden")
+    too_many = {"styles": [style] * (StyleCollection.MAX_STYLES + 1)}
+    _refused(_send(trusted_owner, "patch", f"collections/{collection}", too_many), 400, "BadRequest")
     changed = _send(
         trusted_owner,
         "patch",
