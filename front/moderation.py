@@ -81,6 +81,7 @@ MODERATOR_FIELDS = (
     "flagged",
     "reset_suspicion",
     "admin_comment",
+    "customizer",
 )
 OWN_FIELDS = ("public_workers", "username", "contact", "generate_proxy_passkey", "undelete")
 # The fields that are the account's columns (`Account`): the AI Horde's invitation to run workers
@@ -89,6 +90,7 @@ COLUMNS = (
     ("concurrency", "max_waiting_requests"),
     ("worker_invited", "worker_limit"),
     ("admin_comment", "admin_comment"),
+    ("customizer", "customizer"),
     ("public_workers", "public_workers"),
     ("username", "name"),
     ("contact", "contact"),

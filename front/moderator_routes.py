@@ -32,9 +32,8 @@ LIMITED = {429: HordeErrorOutput}
 
 # The AI Horde's user fields hordeops has nothing for: a value for one is refused (400), saying why.
 NOT_SERVED = {
-    "customizer": "hordeops serves text only: it has no custom image models to allow.",
     "vpn": "hordeops does not look for VPNs: it has no VPN role to give.",
-    "service": "hordeops has no service accounts (the AI Horde's proxies).",
+    "service": "a moderator makes a service account in the admin, which drops its passkey with it.",
     "education": "hordeops has no education accounts.",
     "special": "hordeops has no special payloads, so no special role.",
     "filtered": "hordeops has no prompt filters.",
@@ -100,6 +99,7 @@ class ModifyUserInput(serializers.Serializer):
         help_text="The account or a moderator: its new name, at most 30 characters (400 TooLongUserName).",
     )
     contact = _note("The account or a moderator: how moderators may reach the person.")
+    customizer = _optional_bool("A moderator: the customizer role, which makes text styles without trust.")
     generate_proxy_passkey = _optional_bool(
         "A service account's new proxy passkey, answered once as `proxy_passkey` (others: 403)."
     )
@@ -129,6 +129,7 @@ class ModifyUserOutput(serializers.Serializer):
     flagged = serializers.BooleanField(required=False)
     new_suspicion = serializers.IntegerField(required=False)
     admin_comment = serializers.CharField(required=False)
+    customizer = serializers.BooleanField(required=False)
     public_workers = serializers.BooleanField(required=False)
     username = serializers.CharField(required=False)
     contact = serializers.CharField(required=False)

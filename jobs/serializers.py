@@ -237,6 +237,8 @@ class TextAsyncInput(HotInput):
         default="",
         help_text="A service account's own user this request is sent for.",
     )
+    # A style's or a collection's id or name (`jobs.styles`): the request runs under it.
+    style = StrictCharField(required=False, allow_null=True, max_length=512, trim_whitespace=False)
 
 
 class TextAsyncOutput(serializers.Serializer):

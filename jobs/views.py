@@ -17,7 +17,7 @@ from hordeops import api, clock, errors, ratelimit
 from hordeops.parsing import MAX_DIGITS, ascii_int
 from hordeops.replica import replica_reads
 from hordeops.serializers import APIKEY, APIKEY_AUTH, COUNT, OBJECT_LIST, keyed_route
-from jobs import deadlines, discovery, services, waits
+from jobs import deadlines, discovery, services, styles, waits
 from jobs import serializers as s
 from jobs.models import TextRequest
 from jobs.schema import DEADLINE
@@ -78,18 +78,22 @@ class TextAsyncView(APIView):
         # a shared key is its owner's account, spending through the key.
         account, shared_key = shared_keys.key_holder(api_key=request.headers.get("apikey"))
         budget = deadlines.for_account(header, account)
+        styles.refuse_unserved(request.data, styles.UNSERVED_REQUEST_FIELDS)
         data = _validated(s.TextAsyncInput, request)
         if not data["prompt"]:
             raise errors.MissingPrompt()
         # The deadline bounds the request's life: it expires when the budget runs out.
         deadline_at = budget.deadline_at(clock.now()) if budget else None
         params = dict(data.get("params") or {"n": 1, "max_length": 80, "max_context_length": 2048})
+        styled = styles.apply_style(
+            data.get("style"), prompt=data["prompt"], params=params, models=data["models"], requester=account
+        )
         queued = services.create_text_request(
             account=account,
             address=ratelimit.request_address(request),
-            prompt=data["prompt"],
-            params=params,
-            models=data["models"],
+            prompt=styled.prompt,
+            params=styled.params,
+            models=styled.models,
             workers=data["workers"],
             worker_blacklist=data["worker_blacklist"],
             trusted_workers=data["trusted_workers"],
@@ -102,7 +106,9 @@ class TextAsyncView(APIView):
             validated_backends=data["validated_backends"],
             disable_batching=data["disable_batching"],
             proxied_account=data["proxied_account"],
+            style_author=styled.author_id,
         )
+        styles.count_use(styled, queued.request)
         if queued.request is None:
             return Response({"kudos": queued.kudos}, status=200)
         answer = {"id": queued.request.id, "kudos": queued.kudos}

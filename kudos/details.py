@@ -17,6 +17,7 @@ from django_redis import get_redis_connection
 
 from kudos import sql
 from kudos.models import Wallet
+from workers import styles
 from workers.details import unique_alias
 from workers.models import Account, Worker
 
@@ -39,7 +40,7 @@ def records(details: dict[str, Any]) -> dict[str, dict[str, int]]:
         "contribution": {"megapixelsteps": 0, "tokens": kept("contribution_tokens")},
         "fulfillment": {"image": 0, "text": kept("fulfillment_text"), "interrogation": 0},
         "request": {"image": 0, "text": kept("request_text"), "interrogation": 0},
-        "style": {"image": 0, "text": 0, "interrogation": 0},
+        "style": {"image": 0, "text": kept("style_text"), "interrogation": 0},
     }
 
 
@@ -51,9 +52,10 @@ def user_details(
     moderator: bool = False,
     worker_ids: list[str] | None = None,
     wallets: dict[bool, tuple[Decimal, dict]] | None = None,
+    style_rows: list[tuple[Any, str]] | None = None,
 ) -> dict[str, Any]:
-    """`worker_ids` and `wallets` (by escrow: balance and details) as read for many accounts at
-    once (`users_page`); read here when not given."""
+    """`worker_ids`, `wallets` (by escrow: balance and details) and `style_rows` as read for
+    many accounts at once (`users_page`); read here when not given."""
     if worker_ids is None:  # as many as the account runs
         worker_ids = [str(pk) for pk in account.workers.live().values_list("pk", flat=True)]
     if wallets is None:
@@ -84,8 +86,8 @@ def user_details(
         "service": account.service,
         "deleted": False,
         "education": False,
-        "customizer": False,
-        "styles": [],
+        "customizer": account.customizer,
+        "styles": styles.account_styles(account, privileged=privileged, rows=style_rows),
     }
     if privileged or account.public_workers:
         details["worker_ids"] = worker_ids
@@ -142,7 +144,7 @@ def _ranked(start: int, stop: int) -> list[int]:
 def users_page(*, sort: str, page: int, now: datetime) -> list[dict[str, Any]]:
     """A page of every account as anyone sees it (the AI Horde's `Users`): by spendable kudos,
     most first (the order kept for RANKING_SECONDS), or by `age`, oldest first (any other
-    `sort` is `kudos`, as there); three statements, four when the order by kudos is made."""
+    `sort` is `kudos`, as there); four statements, five when the order by kudos is made."""
     if page > LAST_USERS_PAGE:
         return []
     start = (max(page, 1) - 1) * USERS_PER_PAGE
@@ -166,9 +168,15 @@ def users_page(*, sort: str, page: int, now: datetime) -> list[dict[str, Any]]:
         "account_id", "escrow", "balance", "details"
     ):
         wallets[account_id][escrow] = (kept, moved)
+    public = styles.public_styles_of(ids)
     return [
         user_details(
-            account, now=now, privileged=False, worker_ids=workers[account.pk], wallets=wallets[account.pk]
+            account,
+            now=now,
+            privileged=False,
+            worker_ids=workers[account.pk],
+            wallets=wallets[account.pk],
+            style_rows=public[account.pk],
         )
         for account in accounts
     ]

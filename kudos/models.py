@@ -112,8 +112,11 @@ class Event(models.Model):
         Kind.TRANSFER: "received",
     }
     GIFTED = "gifted"
-    # The keys of `records`, kept summed in the account's spendable wallet's `details` too.
-    RECORDS = ("usage_tokens", "request_text", "contribution_tokens", "fulfillment_text")
+    # A horde tax's credit: the style fee its request's style's author receives.
+    STYLED = "styled"
+    # The keys of `records`, kept summed in the account's spendable wallet's `details` too
+    # (`style_text`: a request of another account's ran under one of its styles).
+    RECORDS = ("usage_tokens", "request_text", "contribution_tokens", "fulfillment_text", "style_text")
 
     id = models.BigAutoField(primary_key=True)
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -146,6 +149,8 @@ class Event(models.Model):
         """The `kudos_details` key a movement of `amount` by an event of `kind` adds to."""
         if kind == cls.Kind.TRANSFER and amount < 0:
             return cls.GIFTED
+        if kind == cls.Kind.TAX and amount > 0:
+            return cls.STYLED
         return cls.ACTIONS.get(kind)
 
 

@@ -14,6 +14,9 @@ from django.conf import settings
 
 # What every request pays on top of its cost (the AI Horde's horde tax).
 HORDE_TAX = 1
+# What a request under another account's style pays on top of the tax, minted for the style's
+# author (the AI Horde's `kudos_adjustment` and `record_style`: its `styled` kudos).
+STYLE_FEE = 2
 # The least a spendable balance may be (`get_min_kudos`): a debit past it is forgiven, and a
 # balance below it is raised to it by its next movement.
 ANONYMOUS_FLOOR = Decimal(-50)

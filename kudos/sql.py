@@ -193,13 +193,14 @@ def drifted_details() -> str:
         for kind, name in Event.ACTIONS.items()
         if kind != Event.Kind.TRANSFER
     )
-    transfer = Event.Kind.TRANSFER.value
+    transfer, tax = Event.Kind.TRANSFER.value, Event.Kind.TAX.value
     return f"""
         WITH posted AS (
             SELECT p.wallet_id, a.action, sum(p.amount) AS total
             FROM {POSTINGS} AS p JOIN {EVENTS} AS e ON e.id = p.event_id,
                  LATERAL (SELECT CASE WHEN e.kind = '{transfer}' AND p.amount < 0 THEN '{Event.GIFTED}'
                                       WHEN e.kind = '{transfer}' THEN '{Event.ACTIONS[Event.Kind.TRANSFER]}'
+                                      WHEN e.kind = '{tax}' AND p.amount > 0 THEN '{Event.STYLED}'
                                       ELSE ({action} END) END AS action) AS a
             WHERE a.action IS NOT NULL
             GROUP BY p.wallet_id, a.action

@@ -420,3 +420,67 @@ def test_horde_sdk_in_strict_mode_lists_users_changes_one_as_a_moderator_and_its
     }
     assert ledger.balance(owner.pk) == 75
     call_command("check_kudos")  # the awards were minted: the ledger still balances
+
+
+@pytest.mark.django_db(transaction=True)
+def test_horde_sdk_in_strict_mode_makes_uses_changes_and_deletes_a_text_style_and_a_collection(
+    live_server, tmp_path
+) -> None:
+    """Every style and collection request horde_sdk models, in one run; the collections' answers
+    only as far as its model allows (`type` is `Literal["image"]` there, where the AI Horde
+    answers a text collection's `"text"`)."""
+    from workers.models import Style, StyleCollection
+
+    creator, creator_key = create_account(name="sdk-stylist", trusted=True)
+    requester, requester_key = create_account(name="sdk-styled")
+    owner, worker_key = create_account(name="sdk-style-worker")
+
+    seen = _run_script(
+        f"{live_server.url}/api/",
+        ["styles", creator_key, requester_key, worker_key, MODEL],
+        tmp_path,
+        strict=True,
+    )
+
+    style_id = seen["made"]["id"]
+    alias = f"sdk-stylist#{creator.pk}"
+    shown = {
+        "id": style_id,
+        "name": "sdk-noir",
+        "prompt": "Noir: {p}",
+        "models": [MODEL],
+        "tags": ["dark"],
+        "creator": alias,
+        "params": {"max_length": 64, "max_context_length": 1024, "temperature": 0.7},
+    }
+    assert seen["listed"] == [shown] and seen["by_id"] == shown and seen["by_name"] == shown
+    assert seen["changed"] == {"id": style_id, "message": "OK"}
+    collection_id = seen["collected"]["id"]
+    assert seen["updated"] == {"id": collection_id, "message": "OK"}
+    # The SDK's model refuses the `type` of a text collection, and nothing else of the answer.
+    # Its client cannot send a collection by name (no `collection_name` path field): served all
+    # the same (tests/workers/test_styles.py).
+    assert seen["collection_by_name_unsent"] == "GET requests cannot have a body"
+    assert seen["collection_refused_fields"] == {name: ["type:literal_error"] for name in ("listed", "by_id")}
+    collection = {
+        "id": collection_id,
+        "name": "sdk moods 2",
+        "type": "text",
+        "info": "Moods.",
+        "public": True,
+        "styles": [{"name": f"{alias}::style::sdk-noir", "id": style_id}],
+        "use_count": 0,
+    }
+    assert seen["collection_answers"] == {"listed": [collection], "by_id": collection}
+    # The worker pops the request as the (changed) style shapes it.
+    assert seen["job"]["id"] is not None and seen["job"]["model"] == MODEL
+    assert seen["job"]["prompt"] == "Noir, again: Once upon a time, in a horde far away,"
+    assert (seen["job"]["max_length"], seen["job"]["temperature"]) == (64, 0.7)
+    assert seen["author"] == {
+        "customizer": False,
+        "styles": [{"name": f"{alias}::style::sdk-noir", "id": style_id, "type": "text"}],
+        "styled": 2.0,
+        "style_records": 1,
+    }
+    assert seen["deleted"] == ["OK", "OK"] and seen["after_delete"] == "StyleNotFound"
+    assert not Style.objects.exists() and not StyleCollection.objects.exists()

@@ -58,6 +58,9 @@ class Account(models.Model):
     # The hash of the service account's proxy passkey (its Proxy-Authorization header), which
     # is shown once when made: `workers.proxies`.
     proxy_passkey_hash = models.CharField(max_length=64, null=True, blank=True, unique=True, editable=False)
+    # The AI Horde's customizer role: with trust, what lets an account make styles and their
+    # collections (`workers.styles`); set by moderators in the admin.
+    customizer = models.BooleanField(default=False, db_default=False)
     # A per-account ceiling on X-MultiLLM-Deadline-Ms: the shorter limit wins.
     deadline_limit_ms = models.PositiveIntegerField(null=True, blank=True)
     # Set by moderators: how many waiting or running requests this account may have; empty
@@ -204,6 +207,97 @@ class Team(models.Model):
 
     def may_change(self, account: Account) -> bool:
         """Its creator or a moderator may rename, describe or delete it."""
+        return account.moderator or account.pk == self.owner_id
+
+
+class Style(models.Model):
+    """A text style (the AI Horde's `Style`; text only): a prompt template with `{p}` where a
+    request's prompt goes, the params and the models that a request naming it runs under
+    (`jobs.styles`). A trusted or customizer account makes it; its owner changes it; its owner
+    or a moderator deletes it (`workers.styles`)."""
+
+    # The AI Horde's bounds (`ModelStyleInputKobold`, `kobold_styles.TextStyle.post`).
+    NAME_LENGTH = (1, 100)
+    INFO_LENGTH = (10, 1000)
+    MAX_MODELS = 5
+    MAX_TAGS = 10
+    TAG_LENGTH = 25
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="styles")
+    # Unique per owner, case and all (`style_owner_name`), as the AI Horde's.
+    name = models.CharField(max_length=100)
+    info = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    prompt = models.TextField()
+    # The sampling params a request under it runs with, as the style's author sent them.
+    params = models.JSONField(default=dict, blank=True)
+    model_names = ArrayField(models.CharField(max_length=255), default=list)
+    tags = ArrayField(models.CharField(max_length=25), default=list, blank=True)
+    public = models.BooleanField(default=True)
+    nsfw = models.BooleanField(default=False)
+    use_count = models.PositiveIntegerField(default=0, db_default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ("name",)
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="style_owner_name"),
+            models.CheckConstraint(
+                condition=Q(model_names__len__gte=1) & Q(model_names__len__lte=5), name="style_models_1_5"
+            ),
+            models.CheckConstraint(condition=Q(tags__len__lte=10), name="style_tags_at_most_10"),
+        ]
+        indexes = [
+            # The public list, by use or by age, filtered by a model or a tag.
+            models.Index(fields=["-use_count", "created_at"], condition=Q(public=True), name="style_popular"),
+            models.Index(fields=["created_at"], condition=Q(public=True), name="style_age"),
+            GinIndex(fields=["model_names"], name="style_models_gin"),
+            GinIndex(fields=["tags"], name="style_tags_gin"),
+            models.Index(fields=["name"], name="style_name"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def may_delete(self, account: Account) -> bool:
+        """Its owner or a moderator deletes it; only its owner changes it (the AI Horde's)."""
+        return account.moderator or account.pk == self.owner_id
+
+
+class StyleCollection(models.Model):
+    """Styles gathered under one name (the AI Horde's `StyleCollection`): a request naming it
+    runs under one of them, picked at random (`jobs.styles`)."""
+
+    NAME_LENGTH = (1, 100)
+    INFO_LENGTH = (1, 1000)
+    # hordeops' bound (the AI Horde has none): each is looked up as the collection is made.
+    MAX_STYLES = 100
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="style_collections")
+    name = models.CharField(max_length=100)
+    info = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    public = models.BooleanField(default=True)
+    use_count = models.PositiveIntegerField(default=0, db_default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    # A style deleted leaves every collection that held it (the AI Horde's cascade).
+    styles = models.ManyToManyField(Style, related_name="collections")
+
+    class Meta:
+        ordering = ("name",)
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="collection_owner_name")]
+        indexes = [
+            models.Index(
+                fields=["-use_count", "created_at"], condition=Q(public=True), name="collection_popular"
+            ),
+            models.Index(fields=["created_at"], condition=Q(public=True), name="collection_age"),
+            models.Index(fields=["name"], name="collection_name"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def may_delete(self, account: Account) -> bool:
         return account.moderator or account.pk == self.owner_id
 
 

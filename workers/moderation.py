@@ -1,6 +1,6 @@
 """What the "Moderators" group may do: view everything of hordeops, change accounts and workers,
-keep the kudos model table, award kudos, delete shared keys, rename and delete teams and write
-the horde's news.
+keep the kudos model table, award kudos, delete shared keys, rename and delete teams, unlist and
+delete styles and their collections, and write the horde's news.
 
 The admin narrows "change" to trust, the account deadline limit and maintenance. Used by the
 migration that creates the group (with the historical models) and by tests.
@@ -31,6 +31,14 @@ PERMISSIONS = (
     ("workers", "view_team"),
     ("workers", "change_team"),
     ("workers", "delete_team"),
+    # As on the AI Horde, a moderator may delete any style or collection; here also unlist one
+    # or mark it NSFW.
+    ("workers", "view_style"),
+    ("workers", "change_style"),
+    ("workers", "delete_style"),
+    ("workers", "view_stylecollection"),
+    ("workers", "change_stylecollection"),
+    ("workers", "delete_stylecollection"),
     ("jobs", "view_textrequest"),
     ("jobs", "cancel_textrequest"),
     ("jobs", "view_generation"),

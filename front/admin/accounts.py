@@ -98,13 +98,14 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "waiting_requests_bound",
     )
     list_editable = ("trusted",)
-    list_filter = ("trusted", "service", SuspendedFilter, FlaggedFilter)
+    list_filter = ("trusted", "customizer", "service", SuspendedFilter, FlaggedFilter)
     search_fields = ("name",)
     inlines = (SuspicionInline,)
     # `moderator` (the key may change any worker through the horde API) is a superuser's to give.
     fields = (
         "name",
         "trusted",
+        "customizer",
         "moderator",
         "service",
         "deadline_limit_ms",
@@ -121,9 +122,11 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         "shared_keys",
     )
     readonly_fields = ("suspended_at", "flagged_at", "created_at", *_KUDOS, "shared_keys")
+    # `customizer` (makes styles without trust) is a moderator's to give, as on the AI Horde.
     moderated_fields = (
         "trusted",
         "service",
+        "customizer",
         "deadline_limit_ms",
         "max_waiting_requests",
         "worker_limit",

@@ -1,7 +1,7 @@
 """The refusals of who may do what: accounts, keys, shared keys, moderators' modes and
 timeouts, sign-up, and the limits on workers."""
 
-from hordeops.errors.base import DomainError, InvalidAPIKey
+from hordeops.errors.base import BadRequest, DomainError, InvalidAPIKey
 
 
 class UserNotFound(DomainError, code="UserNotFound", status=404):
@@ -212,3 +212,53 @@ class UserNotDeleted(DomainError, code="UserNotDeleted", status=400):
 class TooLongUserName(DomainError, code="TooLongUserName", status=400):
     def __init__(self, allowed: int) -> None:
         super().__init__(f"A username may be at most {allowed} characters long.")
+
+
+class StyleNotFound(DomainError, code="StyleNotFound", status=404):
+    """The AI Horde's `ThingNotFound("Style", id)`: its rc and words."""
+
+    def __init__(self, reference: str) -> None:
+        super().__init__(f"Style with ID '{reference[:255]}' not found.")
+
+
+class CollectionNotFound(DomainError, code="CollectionNotFound", status=404):
+    """The AI Horde's `ThingNotFound("Collection", id)` (by name too, in the same words)."""
+
+    def __init__(self, reference: str) -> None:
+        super().__init__(f"Collection with ID '{reference[:255]}' not found.")
+
+
+class StylesRequiresCustomizer(Forbidden, code="StylesRequiresCustomizer"):
+    default_message = (
+        "Only customizers and trusted users can create new styles. You can request the customizer "
+        "role in our channels."
+    )
+
+
+class StylesAnonForbidden(Forbidden, code="StylesAnonForbidden"):
+    default_message = "Anonymous users cannot create or delete styles or collections."
+
+
+class StylePromptMissingVars(BadRequest, code="StylePromptMissingVars"):
+    default_message = (
+        "A style prompt must include a dedicated spot where the user's positive prompt will be "
+        "added, signified with '{p}'"
+    )
+
+
+class StylePromptInvalid(BadRequest, code="StylePromptInvalid"):
+    """A prompt template the AI Horde would fail on as it applies it (a stray brace, `{0}`,
+    `{p.x}`, `{p!r}`, `{p:>9}`): only `{p}`, other `{name}`s (left empty) and `{{`/`}}` are taken."""
+
+    default_message = (
+        "A style prompt may hold only {p} (the request's prompt), {name} placeholders, which are left "
+        "empty, and {{ or }} for a literal brace."
+    )
+
+
+class StyleFieldNotServed(BadRequest, code="StyleFieldNotServed"):
+    """A field horde_sdk sends that the AI Horde's source does not have (or that hordeops does
+    not serve), refused rather than silently ignored."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"'{field}' is not served by this horde: {why} Leave it out or send null.")

@@ -151,6 +151,7 @@ def create_text_request(
     validated_backends: bool = False,
     disable_batching: bool = False,
     proxied_account: str = "",
+    style_author: int | None = None,
 ) -> QueuedText:
     """Queue a text request; return it (None on a dry run), its cost, and a warning when no
     online worker may be offered it now.
@@ -171,7 +172,10 @@ def create_text_request(
 
     The AI Horde's request fields of its own: `proxied_account` only from a service account
     (`workers.proxies`), `disable_batching` with n above 1 only from a trusted one, and
-    `validated_backends` refused at once only where no bridge is validated at all."""
+    `validated_backends` refused at once only where no bridge is validated at all.
+
+    Run under another account's style (`jobs.styles`), it pays the style fee with its horde
+    tax, and the style's account, `style_author`, receives it (`horde_tax`)."""
     now = now or clock.now()
     admission.admit(account=account, address=address, now=now)
     if proxied_account and not account.service:
@@ -187,7 +191,8 @@ def create_text_request(
     cost = spending.request_cost(
         models=models, max_length=max_length, max_context_length=max_context_length, n=n
     )
-    shared_keys.covers(shared_key, cost=cost + rates.HORDE_TAX)
+    fee = rates.STYLE_FEE if style_author is not None else 0
+    shared_keys.covers(shared_key, cost=cost + rates.HORDE_TAX + fee)
     if workers and not worker_blacklist:  # blocking a worker that is gone blocks nothing
         known = set(Worker.objects.filter(pk__in=workers).values_list("pk", flat=True))
         missing = [str(w) for w in workers if w not in known]
@@ -198,7 +203,7 @@ def create_text_request(
     if validated_backends and not settings.VALIDATED_BRIDGE_AGENTS:
         raise errors.NoValidatedBackends()
     if dry_run:
-        return QueuedText(request=None, kudos=_whole(cost))
+        return QueuedText(request=None, kudos=_whole(cost) + fee)
     fields = {
         "kind": TextRequest.Kind.TEXT,
         "prompt": prompt,
@@ -220,7 +225,13 @@ def create_text_request(
     upfront, tokens = spending.needs_upfront(max_length=max_length, slow_workers=slow_workers, now=now)
     try:
         request = _queue(
-            account, now=now, deadline_at=deadline_at, upfront=upfront, shared_key=shared_key, **fields
+            account,
+            now=now,
+            deadline_at=deadline_at,
+            upfront=upfront,
+            shared_key=shared_key,
+            style_author=style_author,
+            **fields,
         )
     except errors.KudosUpfront:
         if not allow_downgrade:
@@ -228,10 +239,17 @@ def create_text_request(
         # The AI Horde's downgrade: as many tokens as need no kudos upfront, slow workers welcome.
         max_length = min(max_length, tokens)
         fields.update(max_length=max_length, params={**params, "max_length": max_length}, slow_workers=True)
-        request = _queue(account, now=now, deadline_at=deadline_at, shared_key=shared_key, **fields)
+        request = _queue(
+            account,
+            now=now,
+            deadline_at=deadline_at,
+            shared_key=shared_key,
+            style_author=style_author,
+            **fields,
+        )
     waits.publish_queued(request)
     warning = None if eligible_workers(request, now=now)["workers"] else NO_WORKER_WARNING
-    return QueuedText(request=request, kudos=_whole(request.kudos_reserved), warning=warning)
+    return QueuedText(request=request, kudos=_whole(request.kudos_reserved) + fee, warning=warning)
 
 
 def _whole(cost: Decimal) -> int:
@@ -246,6 +264,7 @@ def _queue(
     deadline_at: datetime | None,
     upfront: bool = False,
     shared_key: SharedKey | None = None,
+    style_author: int | None = None,
     **fields: Any,
 ) -> TextRequest:
     """Admit the request within the account's bound (and, where `upfront`, what it may spend)
@@ -278,7 +297,7 @@ def _queue(
         n=request.n,
     )
     limit = account.waiting_requests_limit
-    upfront_cost = request.kudos_reserved + rates.HORDE_TAX
+    upfront_cost = request.kudos_reserved + rates.HORDE_TAX + (rates.STYLE_FEE if style_author else 0)
     warm = affinity.warm_worker(account_id=account.pk, prompt=request.prompt)
     params = {
         **insert_values(request, exclude=("fair_rank", "priority")),
@@ -286,7 +305,7 @@ def _queue(
         "upfront": upfront,
         "upfront_cost": upfront_cost,
         "floor": rates.floor(anonymous=account.is_anonymous, pseudonymous=account.pseudonymous),
-        **horde_tax(account_id=account.pk, request_id=request.pk, now=now),
+        **horde_tax(account_id=account.pk, request_id=request.pk, now=now, style_author=style_author),
     }
     with transaction.atomic(), pipelined() as cursor:
         cursor.execute(LOCK_ACCOUNT, {"account_id": account.pk})
@@ -338,16 +357,25 @@ def _spend(cursor, key: SharedKey, *, cost: Decimal, now: datetime) -> None:
     raise errors.SharedKeyInsufficientKudos(remaining=shared_keys.whole(kudos), required=cost)
 
 
-def horde_tax(*, account_id: int, request_id: UUID, now: datetime) -> dict[str, Any]:
-    """The event that pays a queued request's horde tax, burned."""
+def horde_tax(
+    *, account_id: int, request_id: UUID, now: datetime, style_author: int | None = None
+) -> dict[str, Any]:
+    """The event that pays a queued request's horde tax, burned; under another account's
+    style, also the style fee, to the style's author (its `styled` kudos and `style` record),
+    where the AI Horde raises the tax and mints the author's kudos apart."""
+    entries = [
+        ledger.to_account(account_id, -Decimal(rates.HORDE_TAX)),
+        ledger.to_system(Wallet.System.SINK, Decimal(rates.HORDE_TAX)),
+    ]
+    records = None
+    if style_author is not None:
+        entries += [
+            ledger.to_account(account_id, -Decimal(rates.STYLE_FEE)),
+            ledger.to_account(style_author, Decimal(rates.STYLE_FEE)),
+        ]
+        records = {style_author: {"style_text": 1}}
     return ledger.event_params(
-        kind=Event.Kind.TAX,
-        key=f"tax:{request_id}",
-        entries=[
-            ledger.to_account(account_id, -Decimal(rates.HORDE_TAX)),
-            ledger.to_system(Wallet.System.SINK, Decimal(rates.HORDE_TAX)),
-        ],
-        now=now,
+        kind=Event.Kind.TAX, key=f"tax:{request_id}", entries=entries, now=now, records=records
     )
 
 
