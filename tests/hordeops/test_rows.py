@@ -103,20 +103,9 @@ def test_several_models_from_one_row_with_fields_left_out_deferred(requester):
         sql, [requester.account.pk, requester.account.pk], (Account, ("name",)), (Account, None)
     )
     assert short.pk == full.pk == requester.account.pk and short.name == "requester"
-    assert short.get_deferred_fields() == {
-        "api_key_hash",
-        "trusted",
-        "moderator",
-        "deadline_limit_ms",
-        "max_waiting_requests",
-        "worker_limit",
-        "created_at",
-        "suspended_at",
-        "suspension_reason",
-        "flagged_at",
-        "pseudonymous",
-        "user_id",
-    }
+    left_out = {field.attname for field in Account._meta.concrete_fields} - {"id", "name"}
+    assert "api_key_hash" in left_out and "trusted" in left_out
+    assert short.get_deferred_fields() == left_out
     assert full.get_deferred_fields() == set()
 
 
