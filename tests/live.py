@@ -797,48 +797,74 @@ def database_example() -> dict[str, str]:
 
 class PatroniCluster:
     """Three PostgreSQL nodes under Debian's Patroni, each running the shipped example
-    (docs/examples/patroni.yml) with its addresses, directories and the test's short timings
-    replaced, and one etcd member as their store, all of the test's own, on free ports. The test
-    may kill a node (`kill`: Patroni and PostgreSQL, SIGKILL, as a power cut)."""
+    (docs/examples/patroni.yml) with its addresses, directories and (for a test) short timings
+    replaced, and one etcd member as their store, all of the caller's own. The test may kill a
+    node (`kill`: Patroni and PostgreSQL, SIGKILL, as a power cut) and start it again.
 
-    def __init__(self, *, ttl: int = 5, loop_wait: int = 1, retry_timeout: int = 2) -> None:
-        self.timings = {"ttl": ttl, "loop_wait": loop_wait, "retry_timeout": retry_timeout}
+    By default every node is on 127.0.0.1 on free ports, and a node killed is only a process
+    killed, so that what it wrote is in the page cache: fsync is off. bench/cluster_faults.py
+    puts each node on a host of its own (`hosts`: name -> address, `wrap`: the command prefix
+    that runs a program there) with the example's timings and ports (`timings=None`, `fast`
+    False), and runs etcd itself (`etcd`: its host:port)."""
+
+    def __init__(
+        self,
+        *,
+        timings: dict[str, int] | None = None,
+        hosts: dict[str, str] | None = None,
+        wrap: Callable[[str], list[str]] = lambda name: [],
+        etcd: str | None = None,
+        network: str = "127.0.0.1/32",
+        fast: bool = True,
+    ) -> None:
+        self.timings = {"ttl": 5, "loop_wait": 1, "retry_timeout": 2} if timings is None else timings
         # Not under pytest's tmp_path: its parents are closed to the postgres user.
         self.workdir = Path(tempfile.mkdtemp(prefix="hordeops-patroni-"))
         self.names = ["pg1", "pg2", "pg3"]
-        self.pg_ports = {name: free_port() for name in self.names}
-        self.rest_ports = {name: free_port() for name in self.names}
+        self.hosts = hosts or {name: "127.0.0.1" for name in self.names}
+        fixed = hosts is not None  # a host each: the example's ports
+        self.pg_ports = {name: 5432 if fixed else free_port() for name in self.names}
+        self.rest_ports = {name: 8008 if fixed else free_port() for name in self.names}
         self.etcd_ports = (free_port(), free_port())
+        self.etcd = etcd or f"127.0.0.1:{self.etcd_ports[0]}"
+        self.own_etcd = etcd is None
+        self.wrap, self.network, self.fast = wrap, network, fast
         self.processes: dict[str, subprocess.Popen] = {}
-        self.as_postgres = {}
+        self.as_postgres: list[str] = []
         if os.geteuid() == 0:
             os.chown(self.workdir, *_postgres_ids())
-            self.as_postgres = {"user": "postgres", "group": "postgres", "extra_groups": []}
+            self.workdir.chmod(0o755)
+            # setpriv execs (runuser forks): the pid started is Patroni's own.
+            self.as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
         example = database_example()
         self.password = "change-this-superuser-password"
-        hosts = ",".join(f"127.0.0.1:{self.pg_ports[name]}" for name in self.names)
+        hosts_list = ",".join(self.address(name) for name in self.names)
         self.url, self.replica_url = (
-            example[name].replace(EXAMPLE_HOSTS, hosts) for name in ("DATABASE_URL", "DATABASE_REPLICA_URL")
+            example[key].replace(EXAMPLE_HOSTS, hosts_list)
+            for key in ("DATABASE_URL", "DATABASE_REPLICA_URL")
         )
+
+    def address(self, name: str) -> str:
+        return f"{self.hosts[name]}:{self.pg_ports[name]}"
 
     def config(self, name: str) -> dict:
         import yaml
 
         config = yaml.safe_load(PATRONI_EXAMPLE.read_text())
-        pg, rest = f"127.0.0.1:{self.pg_ports[name]}", f"127.0.0.1:{self.rest_ports[name]}"
+        pg, rest = self.address(name), f"{self.hosts[name]}:{self.rest_ports[name]}"
         config["name"] = name
         config["restapi"].update(listen=rest, connect_address=rest)
-        config["etcd3"]["hosts"] = f"127.0.0.1:{self.etcd_ports[0]}"
+        config["etcd3"]["hosts"] = self.etcd
         dcs = config["bootstrap"]["dcs"]
         assert dcs["synchronous_mode"] is True
         for key, value in self.timings.items():
             assert key in dcs, key
             dcs[key] = value
-        # A node killed is a process killed, not a machine: what it wrote is in the page cache.
-        dcs["postgresql"]["parameters"]["fsync"] = "off"
-        config["bootstrap"]["initdb"].append("no-sync")
         assert {"checkpoint": "fast"} in config["postgresql"]["basebackup"]
-        config["postgresql"]["basebackup"].append("no-sync")
+        if self.fast:
+            dcs["postgresql"]["parameters"]["fsync"] = "off"
+            config["bootstrap"]["initdb"].append("no-sync")
+            config["postgresql"]["basebackup"].append("no-sync")
         postgresql = config["postgresql"]
         postgresql.update(
             listen=pg,
@@ -847,22 +873,28 @@ class PatroniCluster:
             bin_dir=str(Path(_postgres_bin("pg_ctl")).parent),
             pgpass=str(self.workdir / f"{name}.pgpass"),
         )
-        postgresql["parameters"]["unix_socket_directories"] = str(self.workdir)
-        postgresql["pg_hba"] = [line.replace("10.0.0.0/24", "127.0.0.1/32") for line in postgresql["pg_hba"]]
+        # A directory each: on hosts of their own, the nodes share a port (and so a socket name).
+        sockets = self.workdir / f"{name}-socket"
+        sockets.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(sockets, *_postgres_ids())
+        postgresql["parameters"]["unix_socket_directories"] = str(sockets)
+        postgresql["pg_hba"] = [line.replace("10.0.0.0/24", self.network) for line in postgresql["pg_hba"]]
         return config
 
     def start(self) -> None:
         import yaml
 
-        client, peer = (f"http://127.0.0.1:{port}" for port in self.etcd_ports)
-        with open(self.workdir / "etcd.log", "w") as log:
-            self.processes["etcd"] = subprocess.Popen(
-                [ETCD, "--name", "etcd1", "--data-dir", str(self.workdir / "etcd"),
-                 "--listen-client-urls", client, "--advertise-client-urls", client,
-                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"etcd1={peer}"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        if self.own_etcd:
+            client, peer = (f"http://127.0.0.1:{port}" for port in self.etcd_ports)
+            with open(self.workdir / "etcd.log", "w") as log:
+                self.processes["etcd"] = subprocess.Popen(
+                    [ETCD, "--name", "etcd1", "--data-dir", str(self.workdir / "etcd"),
+                     "--listen-client-urls", client, "--advertise-client-urls", client,
+                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                     "--initial-cluster", f"etcd1={peer}"],
+                    stdout=log, stderr=subprocess.STDOUT,
+                )  # fmt: skip
         for name in self.names:
             (self.workdir / f"{name}.yml").write_text(yaml.safe_dump(self.config(name)))
         for name in self.names:
@@ -885,15 +917,15 @@ class PatroniCluster:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(self.workdir)}
         with open(self.workdir / f"{name}.log", "a") as log:
             self.processes[name] = subprocess.Popen(
-                [PATRONI, str(self.workdir / f"{name}.yml")], cwd=self.workdir, env=env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **self.as_postgres,
+                [*self.wrap(name), *self.as_postgres, PATRONI, str(self.workdir / f"{name}.yml")],
+                cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
     def members(self, names: list[str] | None = None) -> dict[str, dict]:
         """The members as the first node of `names` that answers sees them (name: its entry)."""
         for name in names or self.names:
             try:
-                answer = httpx.get(f"http://127.0.0.1:{self.rest_ports[name]}/cluster", timeout=1)
+                answer = httpx.get(f"http://{self.hosts[name]}:{self.rest_ports[name]}/cluster", timeout=1)
                 return {member["name"]: member for member in answer.json()["members"]}
             except (httpx.HTTPError, ValueError):
                 continue
@@ -915,7 +947,7 @@ class PatroniCluster:
     def sql(self, name: str, statement: str, *, database: str = "hordeops") -> list[tuple]:
         import psycopg
 
-        with psycopg.connect(host="127.0.0.1", port=self.pg_ports[name], user="postgres",
+        with psycopg.connect(host=self.hosts[name], port=self.pg_ports[name], user="postgres",
                              password=self.password, dbname=database, autocommit=True) as conn:  # fmt: skip
             cursor = conn.execute(statement)
             return cursor.fetchall() if cursor.description else []
@@ -932,21 +964,29 @@ class PatroniCluster:
             check=True, capture_output=True, env=env, timeout=STARTUP_TIMEOUT_SECONDS,
         )  # fmt: skip
         subprocess.run(
-            ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(self.pg_ports[leader]),
-             "-U", "postgres", "hordeops"],
+            ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-h", self.hosts[leader],
+             "-p", str(self.pg_ports[leader]), "-U", "postgres", "hordeops"],
             input=dump.stdout, check=True, capture_output=True, timeout=STARTUP_TIMEOUT_SECONDS,
             env={**os.environ, "PGPASSWORD": self.password},
         )  # fmt: skip
 
     def postmaster(self, name: str) -> int | None:
+        """The node's running postmaster: its pid file's, if that process runs on its data dir
+        (a killed one leaves the file, and its pid may since be another process's)."""
+        data = self.workdir / name
         try:
-            return int((self.workdir / name / "postmaster.pid").read_text().split()[0])
+            pid = int((data / "postmaster.pid").read_text().split()[0])
+            if str(data).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
         except (OSError, ValueError, IndexError):
-            return None
+            pass
+        return None
 
     def kill(self, name: str) -> None:
         """Patroni and its PostgreSQL (the postmaster and every process it started) killed with
         SIGKILL at once, as a power cut: nothing shut down, no goodbye to any client."""
+        if self.processes[name].poll() is not None and self.postmaster(name) is None:
+            return
         pids = [self.processes[name].pid]
         if postmaster := self.postmaster(name):
             pids += [postmaster, *_children(postmaster)]
