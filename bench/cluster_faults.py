@@ -3,13 +3,16 @@ was lost, what ended with a clear error, and how long each fault took to recover
 
 Run (as root: it makes network namespaces):  .venv/bin/python bench/cluster_faults.py
 
-(about two minutes; the JSON goes to stdout, progress notes to stderr.)
+(about five minutes; the JSON goes to stdout, progress notes to stderr.)
 
 The hosts, each a network namespace on one bridge (10.77.0.0/24), with its own address:
 
-    web1, web2   the web app (gunicorn, 2 uvicorn workers each), DATABASE_REPLICA_URL and
+    web1, web2   the web app (gunicorn, 2 uvicorn workers each), DATABASE_URL and
+                 DATABASE_REPLICA_URL the multi-host URLs of docs/examples/database.env,
                  REDIS_SENTINELS set, TRUSTED_PROXIES the proxy
-    pg1, pg2     PostgreSQL, and a streaming replica of it (pg_basebackup -R)
+    pg1..pg3     PostgreSQL under Patroni, each running docs/examples/patroni.yml as shipped
+                 (synchronous_mode, ttl 12, loop_wait 2, retry_timeout 5) but for its addresses
+    etcd         etcd, Patroni's store (one member: a deployment runs three)
     redis1/2     a Redis primary and its replica
     (the root)   three Redis sentinels, HAProxy running docs/examples/haproxy.cfg in front of
                  web1 and web2, a Celery worker and beat, and the load
@@ -23,13 +26,27 @@ before the next:
 
     1. web1 cut off from Redis for 5 s (blackhole routes to both Redis hosts in its namespace)
     2. the Redis primary killed (SIGKILL): the sentinels promote the replica
-    3. the PostgreSQL replica stopped (`pg_ctl -m immediate`): the routes that read it read the primary
-    4. web1 killed (its gunicorn, SIGKILL): HAProxy's health check takes it out
+    3. the PostgreSQL synchronous standby killed (Patroni and PostgreSQL, SIGKILL): Patroni makes
+       the other replica synchronous; started again after --settle, it rejoins as a replica
+    4. the PostgreSQL primary killed (likewise): Patroni promotes the synchronous standby once
+       the leader lock expires; started again after --settle, the old primary is rewound and
+       rejoins as a replica
+    5. the PostgreSQL primary cut off from etcd and the other nodes for --partition seconds
+       (blackhole routes in its namespace; the web hosts still reach it): it cannot renew the
+       leader lock and demotes itself, its last commits unacknowledged (its standby is cut off),
+       and the others promote one; the partition healed, it rejoins as a replica. A client
+       writing to it straight through the partition must see no commit acknowledged
+    6. web1 killed (its gunicorn, SIGKILL): HAProxy's health check takes it out
 
 Reported: requests sent, by final state; `lost` (never reached a final state) and
 `double_accept` (a generation accepted twice, or a request with more accepted generations than
-it asked for), both must be 0; for each fault, the answers that were errors (by status, or the
-client's exception, which must not happen: HAProxy answers a call a dying host held), the streams
+it asked for), both must be 0; `acknowledged_missing`: requests answered 202 (or a stream's
+first event) and submits answered 200 that the database no longer has, after every failover,
+0; `check_kudos`: the ledger's check after the run, clean; for each PostgreSQL fault, the
+seconds to a new primary (or to a new synchronous standby) and for the node to rejoin, and for
+the partition when the old primary demoted itself and what a client writing to it saw; for
+each fault, the answers that were errors (by status, or the client's exception, which must not
+happen: HAProxy answers a call a dying host held), the streams
 that ended with an error event and the ones cut (a host dying mid-reply: nothing is left to send
 its error event), and for how long after the fault calls were refused outright (503); whether
 the cut streams' requests were cancelled uncharged; HAProxy's termination states.
@@ -56,8 +73,10 @@ sys.path.insert(0, str(ROOT))
 from bench.common import VENV, celery_commands, web_command  # noqa: E402
 from bench.fleet import SETTINGS as FLEET_SETTINGS  # noqa: E402
 from tests.live import (  # noqa: E402
+    ETCD,
     SENTINEL_SERVICE,
     HAProxy,
+    PatroniCluster,
     answers_heartbeat,
     sentinel_conf,
     sentinel_knows_replica,
@@ -65,7 +84,8 @@ from tests.live import (  # noqa: E402
 )
 
 BRIDGE, PREFIX, NET = "hzbr0", "hz-", "10.77.0"
-HOSTS = {"web1": 11, "web2": 12, "redis1": 21, "redis2": 22, "pg1": 31, "pg2": 32}
+HOSTS = {"web1": 11, "web2": 12, "redis1": 21, "redis2": 22, "pg1": 31, "pg2": 32, "pg3": 33, "etcd": 41}
+PG_HOSTS = ("pg1", "pg2", "pg3")
 ROOT_IP = f"{NET}.1"
 SENTINEL_PORTS = (26371, 26372, 26373)
 MODEL = "cluster-model"
@@ -76,6 +96,8 @@ SETTINGS = {
     "WORKER_LIMIT_UNTRUSTED": "100000",
     "WORKER_LIMIT_TRUSTED": "100000",
     "LOG_LEVEL": "WARNING",
+    # The kudos pass (uptime, settlements) runs within the run, so that its return is seen.
+    "KUDOS_PASS_SECONDS": "5",
 }
 
 
@@ -121,12 +143,19 @@ class Cluster:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.processes: dict[str, subprocess.Popen] = {}
-        self.pg_bin = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parts[-2]))[-1]
+        self.patroni = PatroniCluster(
+            timings={},  # the example's own
+            hosts={host: ip(host) for host in PG_HOSTS},
+            wrap=lambda host: in_ns(host),
+            etcd=f"{ip('etcd')}:2379",
+            network=f"{NET}.0/24",
+            fast=False,
+        )
         self.env = {
             **os.environ,
             **SETTINGS,
-            "DATABASE_URL": f"postgres://postgres@{ip('pg1')}:5432/hordeops",
-            "DATABASE_REPLICA_URL": f"postgres://postgres@{ip('pg2')}:5432/hordeops",
+            "DATABASE_URL": self.patroni.url,
+            "DATABASE_REPLICA_URL": self.patroni.replica_url,
             "REDIS_URL": f"redis://{ip('redis1')}:6379/0",
             "REDIS_SENTINELS": ",".join(f"{ROOT_IP}:{port}" for port in SENTINEL_PORTS),
             "REDIS_SENTINEL_SERVICE": SENTINEL_SERVICE,
@@ -161,39 +190,31 @@ class Cluster:
         self.processes[name].wait(timeout=10)
 
     def postgres(self) -> None:
-        import pwd
-
-        postgres = pwd.getpwnam("postgres")
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-        self.workdir.chmod(0o755)
-        for host in ("pg1", "pg2"):
-            (self.workdir / host).mkdir()
-            os.chown(self.workdir / host, postgres.pw_uid, postgres.pw_gid)
-        data1, data2 = self.workdir / "pg1" / "data", self.workdir / "pg2" / "data"
-        sh(*as_postgres, str(self.pg_bin / "initdb"), "-D", str(data1), "-A", "trust", "-U", "postgres",
-           "--no-sync", "-E", "UTF8")  # fmt: skip
-        with open(data1 / "pg_hba.conf", "a") as hba:
-            hba.write(f"host all all {NET}.0/24 trust\nhost replication all {NET}.0/24 trust\n")
-        for host, data in (("pg1", data1),):
-            options = f"-c listen_addresses={ip(host)} -k {self.workdir / host} -c fsync=off"
-            sh(*in_ns(host, *as_postgres, str(self.pg_bin / "pg_ctl"), "-D", str(data), "-o", options,
-                      "-l", str(self.workdir / host / "log"), "-w", "start"))  # fmt: skip
-        sh("psql", "-h", ip("pg1"), "-U", "postgres", "-c", "CREATE DATABASE hordeops")
+        """etcd, then the three Patroni nodes; the database made and migrated on the leader."""
+        etcd = f"http://{ip('etcd')}:2379"
+        peer = f"http://{ip('etcd')}:2380"
+        self.start("etcd", in_ns("etcd", ETCD, "--name", "etcd1", "--data-dir", str(self.workdir / "etcd"),
+                                 "--listen-client-urls", etcd, "--advertise-client-urls", etcd,
+                                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                 "--initial-cluster", f"etcd1={peer}"))  # fmt: skip
+        self.patroni.start()
+        self.patroni.wait(self.patroni.healthy, timeout=120)
+        self.patroni.sql(self.patroni.leader(), "CREATE DATABASE hordeops", database="postgres")
         subprocess.run([str(VENV / "python"), "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT,
                        env=self.env, check=True)  # fmt: skip
-        sh(*in_ns("pg2", *as_postgres, str(self.pg_bin / "pg_basebackup"), "-h", ip("pg1"), "-U", "postgres",
-                  "-D", str(data2), "-R", "-X", "stream", "-c", "fast"))  # fmt: skip
-        options = f"-c listen_addresses={ip('pg2')} -k {self.workdir / 'pg2'} -c hot_standby=on"
-        sh(*in_ns("pg2", *as_postgres, str(self.pg_bin / "pg_ctl"), "-D", str(data2), "-o", options,
-                  "-l", str(self.workdir / "pg2" / "log"), "-w", "start"))  # fmt: skip
-        self.pg2_data = data2
 
-    def pg_ctl(self, host: str, data: Path, *args: str, check: bool = True) -> None:
-        as_postgres = ["runuser", "-u", "postgres", "--"]
-        sh(*in_ns(host, *as_postgres, str(self.pg_bin / "pg_ctl"), "-D", str(data), *args), check=check)
+    def roles(self) -> dict[str, str]:
+        """Each node's role as the nodes that answer see it (leader, sync_standby, replica)."""
+        members = self.patroni.members()
+        return {name: f"{m.get('role')}/{m.get('state')}" for name, m in members.items()}
 
-    def stop_replica(self) -> None:
-        self.pg_ctl("pg2", self.pg2_data, "-m", "immediate", "-w", "stop")
+    def own_role(self, host: str) -> str | None:
+        """What the node's own Patroni says it is (GET /patroni), reachable from here."""
+        try:
+            answer = httpx.get(f"http://{ip(host)}:8008/patroni", timeout=1).json()
+            return answer.get("role")
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def redis(self) -> None:
         base = [
@@ -233,6 +254,8 @@ class Cluster:
         for host in ("web1", "web2"):
             self.start(host, in_ns(host, *web_command(f"{ip(host)}:8000", 2)), env=self.env)
         for name, command in celery_commands(self.workdir / "beat-schedule").items():
+            # Each task's success logged, to time the passes' return after a failover.
+            command = [part.replace("--loglevel=WARNING", "--loglevel=INFO") for part in command]
             self.start(name, command, env=self.env)
         for host in ("web1", "web2"):
             deadline = time.monotonic() + 60
@@ -244,14 +267,12 @@ class Cluster:
                 time.sleep(0.3)
 
     def stop(self) -> None:
+        self.patroni.stop()
         for name in self.processes:
             try:
                 self.kill(name)
             except subprocess.TimeoutExpired:
                 pass
-        for host, data in (("pg2", self.workdir / "pg2" / "data"), ("pg1", self.workdir / "pg1" / "data")):
-            if data.exists():
-                self.pg_ctl(host, data, "-m", "immediate", "-w", "stop", check=False)
 
 
 class Timeline:
@@ -261,6 +282,8 @@ class Timeline:
         self.lock = threading.Lock()
         self.calls: list[tuple[float, str, bool, str]] = []  # (time, what, ok, detail)
         self.streams: list[tuple[float, str]] = []  # (time, "done" | "error_event" | "cut" | "refused ...")
+        # The ids of the requests the horde acknowledged: answered 202, or a stream's first event.
+        self.acknowledged: list[str] = []
 
     def call(self, what: str, ok: bool, detail: str = "", *, started: float | None = None) -> None:
         """A call's outcome, filed at the time it was made (a timeout is the fault of then)."""
@@ -284,6 +307,8 @@ def requester(base: str, key: str, stop: threading.Event, timeline: Timeline, cu
                     body = {"prompt": "Once", "models": [MODEL], "params": {"max_length": 32}}
                     answer = client.post("/api/v2/generate/text/async", json=body)
                     timeline.call("queue", answer.status_code == 202, str(answer.status_code))
+                    if answer.status_code == 202:
+                        timeline.acknowledged.append(answer.json()["id"])
                 else:
                     _stream(client, key, timeline, cut)
             except httpx.HTTPError as failed:
@@ -308,6 +333,8 @@ def _stream(client: httpx.Client, key: str, timeline: Timeline, cut: list) -> No
             lines.extend(line for line in streamed.iter_lines() if line.startswith("data: "))
         except httpx.TransportError:
             pass  # cut: told below
+    if lines and lines[0].startswith("data: {"):
+        timeline.acknowledged.append(json.loads(lines[0][6:])["id"].removeprefix("chatcmpl-"))
     errors = any('"error"' in line for line in lines)
     if lines and (lines[-1] == "data: [DONE]" or errors):
         timeline.stream("error_event" if errors else "done")
@@ -344,8 +371,169 @@ def worker(
                 if done.status_code == 200:
                     accepted[job["id"]] += 1
             except httpx.HTTPError as failed:
-                timeline.call("worker", False, type(failed).__name__)
+                timeline.call("worker", False, f"{type(failed).__name__} {_called(failed)}".strip())
                 stop.wait(0.2)
+
+
+def _within(check, seconds: float) -> float | None:
+    """Poll `check` until true: the seconds it took, or None if it never was within `seconds`."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            if check():
+                return round(time.monotonic() - started, 2)
+        except Exception:  # noqa: BLE001 - a node busy electing, restarting
+            pass
+        time.sleep(0.1)
+    return None
+
+
+def _kill_and_rejoin(cluster: Cluster, node: str, settle: float, *, wall: float) -> dict:
+    """Kill `node` (Patroni and PostgreSQL, SIGKILL); time the cluster's answer (a new leader,
+    or a new synchronous standby), then start it again and time its return as a replica."""
+    patroni = cluster.patroni
+    was = patroni.members()[node]["role"]
+    others = [name for name in PG_HOSTS if name != node]
+    patroni.kill(node)
+    killed = time.monotonic()
+    report: dict = {"node": node, "was": was, "at": wall}
+    if was == "leader":
+        report["new_primary_after_seconds"] = _within(lambda: patroni.leader(others) in others, 60)
+    else:
+        report["new_sync_standby_after_seconds"] = _within(lambda: patroni.healthy(others), 60)
+    report["promoted_at"] = wall + (time.monotonic() - killed)
+    report["roles_after"] = cluster.roles()
+    time.sleep(max(0.0, settle - (time.monotonic() - killed)))
+    patroni.start_node(node)
+    restarted = time.monotonic()
+    report["rejoined_after_seconds"] = _within(
+        lambda: patroni.members()[node].get("role") in ("replica", "sync_standby")
+        and patroni.members()[node].get("state") == "running",
+        90,
+    )
+    report["roles_rejoined"] = cluster.roles()
+    time.sleep(max(0.0, settle - (time.monotonic() - restarted)))
+    return report
+
+
+def _partition_and_rejoin(cluster: Cluster, node: str, seconds: float, settle: float) -> dict:
+    """Cut the primary `node` off from etcd and the other nodes (blackhole routes in its
+    namespace: the web hosts still reach it), and write to it straight meanwhile, one commit at
+    a time: none may be acknowledged once its standby is cut off. Then heal, and time its
+    return as a replica."""
+    import psycopg
+
+    patroni = cluster.patroni
+    others = [name for name in PG_HOSTS if name != node]
+    patroni.sql(node, "CREATE TABLE IF NOT EXISTS fence_probe (n int PRIMARY KEY, at timestamptz)")
+    written: list[tuple[int, float, str]] = []  # (n, seconds after the cut, outcome)
+    stop = threading.Event()
+    straight = {"host": ip(node), "user": "postgres", "password": patroni.password, "dbname": "hordeops"}
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            started = time.monotonic()
+            try:
+                with psycopg.connect(**straight, connect_timeout=2, autocommit=True) as conn:
+                    conn.execute("INSERT INTO fence_probe VALUES (%s, now())", (n,))
+                written.append((n, round(started - cut, 2), "acknowledged"))
+                continue
+            except psycopg.Error as failed:
+                first_line = str(failed).strip().splitlines()[-1][:120] if str(failed).strip() else ""
+                written.append((n, round(started - cut, 2), f"{type(failed).__name__}: {first_line}"))
+                if n == 1:  # the commit under way at the cut: how long it waited, unacknowledged
+                    report["first_write_refused_after_seconds"] = round(time.monotonic() - cut, 2)
+                stop.wait(0.5)
+
+    report: dict = {"node": node, "seconds": seconds}
+    wall = time.time()
+    for target in (*others, "etcd"):
+        sh(*in_ns(node, "ip", "route", "add", "blackhole", f"{ip(target)}/32"))
+    cut = time.monotonic()
+    writer = threading.Thread(target=write)
+    writer.start()
+    report["at"] = wall
+    report["new_primary_after_seconds"] = _within(lambda: patroni.leader(others) in others, seconds)
+    report["promoted_at"] = wall + (time.monotonic() - cut)
+    # What the old primary's own Patroni says it is, each change (its REST API is reachable).
+    seen: list[tuple[float, str | None]] = []
+    while time.monotonic() - cut < seconds:
+        role = cluster.own_role(node)
+        if not seen or seen[-1][1] != role:
+            seen.append((round(time.monotonic() - cut, 2), role))
+        time.sleep(0.2)
+    # Patroni answers "master" while the demoting shutdown waits for its WAL senders: the
+    # demotion is when the commit under way at the cut was refused (first_write_refused_after).
+    report["old_primary_roles"] = seen
+    stop.set()
+    writer.join(30)
+    for target in (*others, "etcd"):
+        sh(*in_ns(node, "ip", "route", "del", "blackhole", f"{ip(target)}/32"))
+    healed = time.monotonic()
+    report["rejoined_after_heal_seconds"] = _within(
+        lambda: patroni.members(others)[node].get("role") in ("replica", "sync_standby")
+        and patroni.members(others)[node].get("state") == "running",
+        90,
+    )
+    report["roles_rejoined"] = cluster.roles()
+    # What a client writing straight to the old primary saw once it was cut off: a commit
+    # acknowledged after the cut must be on the new primary (synchronous), else it was a lie.
+    acknowledged_after = [n for n, at, outcome in written if outcome == "acknowledged" and at > 0]
+    leader = patroni.leader()
+    kept = {row[0] for row in patroni.sql(leader, "SELECT n FROM fence_probe")}
+    report["writes_to_old_primary"] = dict(Counter(outcome for _, _, outcome in written))
+    report["acknowledged_after_cut_and_lost"] = len([n for n in acknowledged_after if n not in kept])
+    report["acknowledged_after_cut"] = len(acknowledged_after)
+    time.sleep(max(0.0, settle - (time.monotonic() - healed)))
+    return report
+
+
+def _passes_after(log: Path, postgres: dict) -> dict:
+    """For each PostgreSQL fault, the seconds from its new primary (or standby) to the first
+    stale pass and kudos pass that Celery's worker logged as succeeded after it."""
+    import datetime
+
+    done = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "succeeded in" in line and line.startswith("["):
+            stamp = datetime.datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            done.append(
+                (
+                    stamp,
+                    "stale"
+                    if "abort_stale_generations_task" in line
+                    else "kudos"
+                    if "kudos_pass_task" in line
+                    else "",
+                )
+            )
+    report = {}
+    for name, fault in postgres.items():
+        after = fault["promoted_at"]
+        report[name] = {
+            kind: next((round(stamp - after, 1) for stamp, k in done if k == kind and stamp > after), None)
+            for kind in ("stale", "kudos")
+        }
+    return report
+
+
+def _check_kudos(env: dict[str, str]) -> str:
+    """`manage.py check_kudos` on the cluster after the run: its last line."""
+    done = subprocess.run([str(VENV / "python"), "manage.py", "check_kudos"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    return (
+        (done.stdout.strip() or done.stderr.strip()).splitlines()[-1] if (done.stdout or done.stderr) else ""
+    )
+
+
+def _called(failed: httpx.HTTPError) -> str:
+    """The route a failed call was sent to (pop, progress, submit)."""
+    try:
+        return failed.request.url.path.rsplit("/", 1)[-1]
+    except RuntimeError:  # no request attached
+        return ""
 
 
 def _wait_for_model(base: str) -> None:
@@ -403,16 +591,20 @@ def _terminations(log: str) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--settle", type=float, default=15, help="seconds between faults")
+    parser.add_argument("--partition", type=float, default=30, help="seconds the primary is cut off")
+    parser.add_argument("--logs", type=Path, help="a directory to keep every host's log in")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: the hosts are network namespaces")
+    # Stopped (SIGTERM, or SIGINT in the background, where it is ignored): clean up all the same.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))
     workdir = Path(tempfile.mkdtemp(prefix="hordeops-cluster-"))
     cluster = Cluster(workdir)
     proxy = None
     try:
         note("network")
         make_network()
-        note("postgres primary and replica")
+        note("etcd and three PostgreSQL nodes under Patroni")
         cluster.postgres()
         note("redis, its replica and three sentinels")
         cluster.redis()
@@ -481,12 +673,26 @@ def main() -> None:
             time.sleep(0.1)
         time.sleep(args.settle)
 
-        note("3. the PostgreSQL replica stopped")
-        faults.append(("postgres_replica_stopped", time.monotonic()))
-        cluster.stop_replica()
-        time.sleep(args.settle)
+        postgres = {}
+        patroni = cluster.patroni
 
-        note("4. web1 killed")
+        note("3. the PostgreSQL synchronous standby killed")
+        roles = patroni.members()
+        standby = next(name for name, m in roles.items() if m.get("role") == "sync_standby")
+        faults.append(("postgres_sync_standby_killed", time.monotonic()))
+        postgres["sync_standby_killed"] = _kill_and_rejoin(cluster, standby, args.settle, wall=time.time())
+
+        note("4. the PostgreSQL primary killed")
+        old = patroni.leader()
+        faults.append(("postgres_primary_killed", time.monotonic()))
+        postgres["primary_killed"] = _kill_and_rejoin(cluster, old, args.settle, wall=time.time())
+
+        note(f"5. the PostgreSQL primary cut off from etcd and the other nodes for {args.partition:.0f} s")
+        old = patroni.leader()
+        faults.append(("postgres_primary_partitioned", time.monotonic()))
+        postgres["primary_partitioned"] = _partition_and_rejoin(cluster, old, args.partition, args.settle)
+
+        note("6. web1 killed")
         faults.append(("web1_killed", time.monotonic()))
         cluster.kill("web1")
         time.sleep(args.settle)
@@ -515,6 +721,16 @@ def main() -> None:
             accepted=Count("generations", filter=Q(generations__state=Generation.State.DONE))
         )
         accepted_twice = [g for g, n in accepted.items() if n > 1]
+        acknowledged = set(timeline.acknowledged)
+        kept = set(map(str, TextRequest.objects.filter(pk__in=acknowledged).values_list("pk", flat=True)))
+        done = set(
+            map(
+                str,
+                Generation.objects.filter(pk__in=list(accepted), state=Generation.State.DONE).values_list(
+                    "pk", flat=True
+                ),
+            )
+        )
         report = {
             "bench": "cluster_faults",
             "requests": dict(states),
@@ -525,11 +741,25 @@ def main() -> None:
             "faults": recovery(timeline, windows),
             "redis_primary": {"before": named_before, "after": cluster.primary_redis()},
             "redis_promoted_after_seconds": round(promoted_at - faults[1][1], 2) if promoted_at else None,
+            "acknowledged": {"requests": len(acknowledged), "submits": len(accepted)},
+            "acknowledged_missing": {
+                "requests": len(acknowledged - kept),
+                "submits": len({str(g) for g in accepted} - done),
+            },
+            "postgres": postgres,
+            "celery_passes_after_each_promotion": _passes_after(workdir / "celery.log", postgres),
+            "check_kudos": _check_kudos(cluster.env),
         }
         report["streams_cut_with_their_host"] = _cut_requests(cut)
         report["proxy_terminations"] = _terminations(proxy.log_path.read_text())
         print(json.dumps(report, indent=2))
     finally:
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for log in [*workdir.glob("*.log"), *cluster.patroni.workdir.glob("*.log")]:
+                shutil.copy(log, args.logs / log.name)
+            if proxy is not None:
+                shutil.copy(proxy.log_path, args.logs / "haproxy.log")
         if proxy is not None:
             proxy.stop()
         cluster.stop()

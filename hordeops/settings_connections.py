@@ -6,7 +6,8 @@ client) and Celery's broker, each through Redis Sentinel when REDIS_SENTINELS is
 from an environment variable (through `hordeops.env`).
 """
 
-from urllib.parse import urlsplit
+import re
+from urllib.parse import urlsplit, urlunsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -27,12 +28,50 @@ DATABASE_WATCH_SECONDS = env_float("DATABASE_WATCH_SECONDS", 1.0)
 DATABASE_PREPARE_THRESHOLD = env_never_or_int("DATABASE_PREPARE_THRESHOLD", 5)
 
 
+# How long a connection's peer may stay silent before the connection is given up (libpq's
+# TCP keepalives, and `tcp_user_timeout` for what was sent and never acknowledged): a PostgreSQL
+# host that vanished from the network (a power cut, a partition) fails its connections this
+# soon instead of holding their requests until the kernel gives up, many minutes later.
+DATABASE_DEAD_PEER_SECONDS = env_int("DATABASE_DEAD_PEER_SECONDS", 10)
+
+
+# While the primary cannot be reached but a standby of it answers (a failover under way: Patroni
+# promotes one), open chat requests wait this long for the new primary before their streams end
+# with the error event an outage gives them. 0: they end at once, as in an outage.
+DATABASE_FAILOVER_SECONDS = env_float("DATABASE_FAILOVER_SECONDS", 30.0)
+
+
+def _hosts(netloc: str) -> tuple[str, list[tuple[str, str]]]:
+    """A URL's userinfo and its hosts, each (host, port): libpq's multi-host form
+    `user@h1:5432,h2:5432` names several, tried in order (`target_session_attrs` says which
+    will do)."""
+    userinfo, _, hostlist = netloc.rpartition("@")
+    hosts = []
+    for item in hostlist.split(","):
+        host, port = item, ""
+        if match := re.fullmatch(r"(\[[^\]]*\]|[^:]*)(?::(\d*))?", item):
+            host, port = match.group(1), match.group(2) or ""
+        hosts.append((host.strip("[]"), port))
+    return userinfo, hosts
+
+
 def database_from_url(url: str) -> dict:
     """The database of a postgres:// URL, read by dj-database-url: the libpq parameters of its
-    query string (`sslmode`, ...) are kept beside the backend, pool and statement settings."""
-    if urlsplit(url).scheme not in {"postgres", "postgresql"}:
+    query string (`sslmode`, `target_session_attrs`, ...) are kept beside the backend, pool and
+    statement settings. Several hosts (`h1:5432,h2:5432`) are kept as libpq takes them: HOST and
+    PORT comma-separated lists."""
+    split = urlsplit(url)
+    if split.scheme not in {"postgres", "postgresql"}:
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
+    userinfo, hosts = _hosts(split.netloc)
+    if len(hosts) > 1:
+        # dj-database-url reads one host: it is given the first, and the list is put back after.
+        first = f"{userinfo}@localhost" if userinfo else "localhost"
+        url = urlunsplit(split._replace(netloc=first))
     parsed = dj_database_url.parse(url, engine="hordeops.db")
+    if len(hosts) > 1:
+        parsed["HOST"] = ",".join(host or "127.0.0.1" for host, _ in hosts)
+        parsed["PORT"] = ",".join(port or "5432" for _, port in hosts)
     given = parsed.get("OPTIONS", {})
     return {
         # Django's PostgreSQL backend, its pool's wait bounded per request (hordeops/dbwait.py)
@@ -49,7 +88,9 @@ def database_from_url(url: str) -> dict:
         "CONN_MAX_AGE": 0,
         "OPTIONS": {
             **given,
+            # Each host's: libpq tries the next one after it.
             "connect_timeout": int(given.get("connect_timeout", 5)),
+            **_dead_peer(given),
             # JIT would compile the pop on every call (its cost estimate, inflated by the speed
             # gate's NOT EXISTS, crosses jit_above_cost), which costs far more than running it.
             "options": " ".join(filter(None, (given.get("options"), "-c jit=off"))),
@@ -75,6 +116,23 @@ def database_from_url(url: str) -> dict:
         },
         "TEST": {"NAME": env_str("TEST_DATABASE_NAME", "test_hordeops")},
     }
+
+
+def _dead_peer(given: dict) -> dict:
+    """libpq's keepalives and `tcp_user_timeout` from DATABASE_DEAD_PEER_SECONDS (the URL's
+    own values win): a third of it idle, then probes a second apart, the rest for the probes."""
+    seconds = DATABASE_DEAD_PEER_SECONDS
+    if seconds <= 0:
+        return {}
+    idle = max(1, seconds // 3)
+    defaults = {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": 1,
+        "keepalives_count": max(1, seconds - idle),
+        "tcp_user_timeout": seconds * 1000,
+    }
+    return {name: given.get(name, value) for name, value in defaults.items()}
 
 
 DATABASE_URL = env_str("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/hordeops")

@@ -248,12 +248,25 @@ class _Hub:
             raise
 
     async def _watch_database(self) -> None:
-        """Fail every follower once PostgreSQL cannot be reached; ends with the hub."""
+        """Fail every follower once PostgreSQL cannot be reached; ends with the hub. While a
+        standby answers (a failover under way), not before DATABASE_FAILOVER_SECONDS: the
+        followers' state is in Redis, and their workers' posts go through once a new primary
+        is there."""
         probe = dbprobe.DatabaseProbe(timeout=settings.DATABASE_WATCH_SECONDS * 2)
+        primary_lost_at: float | None = None
         try:
             while not self.closed:
                 await asyncio.sleep(settings.DATABASE_WATCH_SECONDS)
-                if not self.closed and not await probe.alive():
+                if self.closed or await probe.alive():
+                    primary_lost_at = None
+                    continue
+                now = self._loop.time()
+                primary_lost_at = primary_lost_at or now
+                failing_over = now - primary_lost_at < settings.DATABASE_FAILOVER_SECONDS
+                if failing_over and await probe.standby_answers():
+                    logger.warning("the primary database cannot be reached; a standby answers: waiting")
+                    continue
+                if not self.closed:
                     self._fail(errors.DatabaseLost())
         finally:
             await probe.close()

@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import TypeVar
 
 import redis.exceptions
+from django.db import DatabaseError
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 
 from hordeops import errors, streams
@@ -133,6 +134,11 @@ class Exchange:
                 except errors.DatabaseLost:
                     ending, database_lost = Ending.UNAVAILABLE, True
                     raise
+                except DatabaseError:
+                    # A step of the follower's own (committing the stream) found no database: a
+                    # primary gone, or failing over. Its cancellation waits for the database.
+                    ending, database_lost = Ending.UNAVAILABLE, True
+                    raise errors.DatabaseLost() from None
                 except errors.ServerStopping:
                     ending = Ending.UNAVAILABLE
                     raise

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from tests.identity_provider import oidc_provider  # noqa: F401
 from tests.live import (  # noqa: F401
     live_stack,
+    patroni_cluster,
     pgbouncer,
     private_postgres,
     private_redis,

@@ -8,6 +8,7 @@ chat worker speaking the horde worker routes over HTTP; `Background` runs a call
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -779,3 +780,257 @@ def committed_stream_cut(
             told_after = time.monotonic() - faulted
     text = received.decode()
     return text[text.index("Hello") :], told_after, generation_id
+
+
+PATRONI = os.environ.get("PATRONI", "/usr/bin/patroni")
+ETCD = os.environ.get("ETCD", "/usr/bin/etcd")
+PATRONI_EXAMPLE = ROOT / "docs" / "examples" / "patroni.yml"
+DATABASE_EXAMPLE = ROOT / "docs" / "examples" / "database.env"
+EXAMPLE_HOSTS = "10.0.0.31:5432,10.0.0.32:5432,10.0.0.33:5432"
+
+
+def database_example() -> dict[str, str]:
+    """The settings of docs/examples/database.env, as shipped."""
+    lines = DATABASE_EXAMPLE.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+class PatroniCluster:
+    """Three PostgreSQL nodes under Debian's Patroni, each running the shipped example
+    (docs/examples/patroni.yml) with its addresses, directories and (for a test) short timings
+    replaced, and one etcd member as their store, all of the caller's own. The test may kill a
+    node (`kill`: Patroni and PostgreSQL, SIGKILL, as a power cut) and start it again.
+
+    By default every node is on 127.0.0.1 on free ports, and a node killed is only a process
+    killed, so that what it wrote is in the page cache: fsync is off. bench/cluster_faults.py
+    puts each node on a host of its own (`hosts`: name -> address, `wrap`: the command prefix
+    that runs a program there) with the example's timings and ports (`timings=None`, `fast`
+    False), and runs etcd itself (`etcd`: its host:port)."""
+
+    def __init__(
+        self,
+        *,
+        timings: dict[str, int] | None = None,
+        hosts: dict[str, str] | None = None,
+        wrap: Callable[[str], list[str]] = lambda name: [],
+        etcd: str | None = None,
+        network: str = "127.0.0.1/32",
+        fast: bool = True,
+    ) -> None:
+        self.timings = {"ttl": 5, "loop_wait": 1, "retry_timeout": 2} if timings is None else timings
+        # Not under pytest's tmp_path: its parents are closed to the postgres user.
+        self.workdir = Path(tempfile.mkdtemp(prefix="hordeops-patroni-"))
+        self.names = ["pg1", "pg2", "pg3"]
+        self.hosts = hosts or {name: "127.0.0.1" for name in self.names}
+        fixed = hosts is not None  # a host each: the example's ports
+        self.pg_ports = {name: 5432 if fixed else free_port() for name in self.names}
+        self.rest_ports = {name: 8008 if fixed else free_port() for name in self.names}
+        self.etcd_ports = (free_port(), free_port())
+        self.etcd = etcd or f"127.0.0.1:{self.etcd_ports[0]}"
+        self.own_etcd = etcd is None
+        self.wrap, self.network, self.fast = wrap, network, fast
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.as_postgres: list[str] = []
+        if os.geteuid() == 0:
+            os.chown(self.workdir, *_postgres_ids())
+            self.workdir.chmod(0o755)
+            # setpriv execs (runuser forks): the pid started is Patroni's own.
+            self.as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]
+        example = database_example()
+        self.password = "change-this-superuser-password"
+        hosts_list = ",".join(self.address(name) for name in self.names)
+        self.url, self.replica_url = (
+            example[key].replace(EXAMPLE_HOSTS, hosts_list)
+            for key in ("DATABASE_URL", "DATABASE_REPLICA_URL")
+        )
+
+    def address(self, name: str) -> str:
+        return f"{self.hosts[name]}:{self.pg_ports[name]}"
+
+    def config(self, name: str) -> dict:
+        import yaml
+
+        config = yaml.safe_load(PATRONI_EXAMPLE.read_text())
+        pg, rest = self.address(name), f"{self.hosts[name]}:{self.rest_ports[name]}"
+        config["name"] = name
+        config["restapi"].update(listen=rest, connect_address=rest)
+        config["etcd3"]["hosts"] = self.etcd
+        dcs = config["bootstrap"]["dcs"]
+        assert dcs["synchronous_mode"] is True
+        for key, value in self.timings.items():
+            assert key in dcs, key
+            dcs[key] = value
+        assert {"checkpoint": "fast"} in config["postgresql"]["basebackup"]
+        if self.fast:
+            dcs["postgresql"]["parameters"]["fsync"] = "off"
+            config["bootstrap"]["initdb"].append("no-sync")
+            config["postgresql"]["basebackup"].append("no-sync")
+        postgresql = config["postgresql"]
+        postgresql.update(
+            listen=pg,
+            connect_address=pg,
+            data_dir=str(self.workdir / name),
+            bin_dir=str(Path(_postgres_bin("pg_ctl")).parent),
+            pgpass=str(self.workdir / f"{name}.pgpass"),
+        )
+        # A directory each: on hosts of their own, the nodes share a port (and so a socket name).
+        sockets = self.workdir / f"{name}-socket"
+        sockets.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(sockets, *_postgres_ids())
+        postgresql["parameters"]["unix_socket_directories"] = str(sockets)
+        postgresql["pg_hba"] = [line.replace("10.0.0.0/24", self.network) for line in postgresql["pg_hba"]]
+        return config
+
+    def start(self) -> None:
+        import yaml
+
+        if self.own_etcd:
+            client, peer = (f"http://127.0.0.1:{port}" for port in self.etcd_ports)
+            with open(self.workdir / "etcd.log", "w") as log:
+                self.processes["etcd"] = subprocess.Popen(
+                    [ETCD, "--name", "etcd1", "--data-dir", str(self.workdir / "etcd"),
+                     "--listen-client-urls", client, "--advertise-client-urls", client,
+                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                     "--initial-cluster", f"etcd1={peer}"],
+                    stdout=log, stderr=subprocess.STDOUT,
+                )  # fmt: skip
+        for name in self.names:
+            (self.workdir / f"{name}.yml").write_text(yaml.safe_dump(self.config(name)))
+        for name in self.names:
+            self.start_node(name)
+        self.wait(lambda: self.leader() is not None)
+
+    def wait(self, ready: Callable[[], bool], timeout: float = STARTUP_TIMEOUT_SECONDS * 2) -> None:
+        """Until `ready()`: the leader up at the start; `healthy` before the test's faults, as
+        the replicas copy the leader meanwhile."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            for name in self.names:
+                if self.processes[name].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the Patroni cluster did not come up:\n{self.logs()}")
+            time.sleep(0.2)
+
+    def start_node(self, name: str) -> None:
+        if os.geteuid() == 0:
+            os.chown(self.workdir / f"{name}.yml", *_postgres_ids())
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(self.workdir)}
+        with open(self.workdir / f"{name}.log", "a") as log:
+            self.processes[name] = subprocess.Popen(
+                [*self.wrap(name), *self.as_postgres, PATRONI, str(self.workdir / f"{name}.yml")],
+                cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def members(self, names: list[str] | None = None) -> dict[str, dict]:
+        """The members as the first node of `names` that answers sees them (name: its entry)."""
+        for name in names or self.names:
+            try:
+                answer = httpx.get(f"http://{self.hosts[name]}:{self.rest_ports[name]}/cluster", timeout=1)
+                return {member["name"]: member for member in answer.json()["members"]}
+            except (httpx.HTTPError, ValueError):
+                continue
+        return {}
+
+    def healthy(self, names: list[str] | None = None) -> bool:
+        """A running leader and a streaming synchronous standby among `names` (all nodes)."""
+        members = self.members(names)
+        roles = {(m.get("role"), m.get("state")) for n, m in members.items() if n in (names or self.names)}
+        # Patroni 3.0 says a replica that streams is "running" (later ones, "streaming").
+        sync = {("sync_standby", "running"), ("sync_standby", "streaming")}
+        return ("leader", "running") in roles and bool(roles & sync)
+
+    def leader(self, names: list[str] | None = None) -> str | None:
+        members = self.members(names)
+        found = [n for n, m in members.items() if (m.get("role"), m.get("state")) == ("leader", "running")]
+        return found[0] if found else None
+
+    def sql(self, name: str, statement: str, *, database: str = "hordeops") -> list[tuple]:
+        import psycopg
+
+        with psycopg.connect(host=self.hosts[name], port=self.pg_ports[name], user="postgres",
+                             password=self.password, dbname=database, autocommit=True) as conn:  # fmt: skip
+            cursor = conn.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+
+    def load(self, source: dict) -> None:
+        """The database `hordeops` on the leader, a copy of `source` (a Django settings_dict: the
+        test database, migrated and holding what the test made)."""
+        leader = self.leader()
+        self.sql(leader, "CREATE DATABASE hordeops", database="postgres")
+        env = {**os.environ, "PGPASSWORD": source.get("PASSWORD") or ""}
+        dump = subprocess.run(
+            ["pg_dump", "--no-owner", "--no-privileges", "-h", source["HOST"], "-p", str(source["PORT"]),
+             "-U", source["USER"], source["NAME"]],
+            check=True, capture_output=True, env=env, timeout=STARTUP_TIMEOUT_SECONDS,
+        )  # fmt: skip
+        subprocess.run(
+            ["psql", "-q", "-v", "ON_ERROR_STOP=1", "-h", self.hosts[leader],
+             "-p", str(self.pg_ports[leader]), "-U", "postgres", "hordeops"],
+            input=dump.stdout, check=True, capture_output=True, timeout=STARTUP_TIMEOUT_SECONDS,
+            env={**os.environ, "PGPASSWORD": self.password},
+        )  # fmt: skip
+
+    def postmaster(self, name: str) -> int | None:
+        """The node's running postmaster: its pid file's, if that process runs on its data dir
+        (a killed one leaves the file, and its pid may since be another process's)."""
+        data = self.workdir / name
+        try:
+            pid = int((data / "postmaster.pid").read_text().split()[0])
+            if str(data).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
+    def kill(self, name: str) -> None:
+        """Patroni and its PostgreSQL (the postmaster and every process it started) killed with
+        SIGKILL at once, as a power cut: nothing shut down, no goodbye to any client."""
+        if self.processes[name].poll() is not None and self.postmaster(name) is None:
+            return
+        pids = [self.processes[name].pid]
+        if postmaster := self.postmaster(name):
+            pids += [postmaster, *_children(postmaster)]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.processes[name].wait(timeout=STOP_TIMEOUT_SECONDS)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {path.name} ---\n{path.read_text(errors='replace')[-4000:]}"
+            for path in sorted(self.workdir.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        for name in self.names:
+            if name in self.processes:
+                self.kill(name)
+        if etcd := self.processes.get("etcd"):
+            etcd.kill()
+            etcd.wait(timeout=STOP_TIMEOUT_SECONDS)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (read from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.fixture
+def patroni_cluster() -> Iterator[PatroniCluster]:
+    cluster = PatroniCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -75,3 +75,21 @@ def test_redis_sentinels_are_host_port_pairs_and_anything_else_is_refused(monkey
         monkeypatch.setenv("REDIS_SENTINELS", bad)
         with pytest.raises(ImproperlyConfigured, match="REDIS_SENTINELS"):
             env_host_ports("REDIS_SENTINELS")
+
+
+def test_a_multi_host_database_url_keeps_every_host_for_libpq_to_try_in_order():
+    database = database_from_url(
+        "postgres://horde:pw@10.0.0.31:5432,pg2.example,[fd00::33]:6432/prod?target_session_attrs=read-write"
+    )
+    assert (database["HOST"], database["PORT"]) == ("10.0.0.31,pg2.example,fd00::33", "5432,5432,6432")
+    assert (database["NAME"], database["USER"], database["PASSWORD"]) == ("prod", "horde", "pw")
+    assert database["OPTIONS"]["target_session_attrs"] == "read-write"
+
+
+def test_a_dead_peer_fails_its_connection_within_the_bound_unless_the_url_says_otherwise():
+    options = database_from_url("postgres://db.example/prod")["OPTIONS"]
+    assert options["tcp_user_timeout"] == 10_000  # DATABASE_DEAD_PEER_SECONDS, in milliseconds
+    # Keepalives: idle, then one probe a second; all of it within the bound.
+    assert options["keepalives_idle"] + options["keepalives_count"] * options["keepalives_interval"] <= 10
+    given = database_from_url("postgres://db.example/prod?keepalives_idle=60")["OPTIONS"]
+    assert given["keepalives_idle"] == 60

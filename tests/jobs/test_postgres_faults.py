@@ -2,7 +2,9 @@
 cluster of the test's own: a committed stream ends with its protocol's error event within
 seconds, a waiting request is answered 503, the horde routes answer 503 within the pool's
 wait (a deadline within itself), and once the database is back every request whose requester
-was told is cancelled (the cancellation waited for it) and the horde serves again."""
+was told is cancelled (the cancellation waited for it) and the horde serves again. And the
+database failing just as a stream commits (a trigger on the test database fails that one
+statement) is a 503, not a 500."""
 
 import json
 import time
@@ -152,3 +154,45 @@ def test_the_horde_routes_answer_at_once_while_postgresql_is_down_and_serve_once
         assert queued.status_code == 202, queued.text
         job = http.post("/api/v2/generate/text/pop", json=pop)
         assert job.status_code == 200 and job.json()["id"], job.text
+
+
+# The one statement that sets `streamed` (jobs/services/requests.py commit_stream) fails as a
+# connection lost does (SQLSTATE class 08): the database failing just as a stream commits,
+# which the fault run met while the primary failed over.
+FAIL_THE_COMMIT = """
+CREATE FUNCTION test_fail_the_stream_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'the connection was lost' USING ERRCODE = '08006'; END $$;
+CREATE TRIGGER test_fail_the_stream_commit BEFORE UPDATE OF streamed ON jobs_generation
+FOR EACH ROW WHEN (NEW.streamed AND NOT OLD.streamed) EXECUTE FUNCTION test_fail_the_stream_commit();
+"""
+
+
+@pytest.mark.parametrize("live_stack", [1], indirect=True)
+def test_a_database_failure_as_a_stream_commits_is_answered_503_and_its_job_cancelled(
+    live_stack, make_caller
+):
+    from django.db import connection
+
+    [url] = live_stack.urls
+    requester, owner = make_caller("commit-requester"), make_caller("commit-owner")
+    worker = ChatWorker(url, owner.api_key, name="commit-w", model=MODEL)
+    assert worker.pop()["id"] is None  # checks in with its model
+    with connection.cursor() as cursor:
+        cursor.execute(FAIL_THE_COMMIT)
+    try:
+        first_words = Background(lambda: (worker.pop_job(), worker.progress("Hello").status_code))
+        answer = httpx.post(
+            f"{url}/v1/chat/completions",
+            json=BODIES["/v1/chat/completions"],
+            headers={"Authorization": f"Bearer {requester.api_key}"},
+            timeout=WAIT_SECONDS,
+        )
+        assert first_words.result()[1] == 200
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP FUNCTION test_fail_the_stream_commit() CASCADE")
+    assert answer.status_code == 503, answer.text  # it was a 500
+    assert answer.json()["error"]["code"] == "service_unavailable"
+    # Nothing will read the job's output: its cancellation, deferred, is made, and the worker told.
+    _eventually(lambda: worker.progress(" more").status_code == 409, "the worker told GenerationCancelled")
+    assert TextRequest.objects.get().ending == "ServiceUnavailable"
