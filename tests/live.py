@@ -27,6 +27,8 @@ from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT_SECONDS = 30
+# A whole migrate of a new cluster: seconds alone, several times that beside the other shard.
+MANAGE_TIMEOUT_SECONDS = 120
 STOP_TIMEOUT_SECONDS = 10
 OUTPUT_TAIL_CHARS = 20_000
 PORT_ATTEMPTS = 3
@@ -341,7 +343,7 @@ class PrivatePostgres:
             check=True,
             capture_output=True,
             text=True,
-            timeout=STARTUP_TIMEOUT_SECONDS,
+            timeout=MANAGE_TIMEOUT_SECONDS,
         )
         return done.stdout
 
