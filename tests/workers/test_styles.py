@@ -20,6 +20,9 @@ STYLE = {
     "tags": ["dark", "prose"],
 }
 
+# No style or collection has it; fixed, so that test ids are the same in every xdist worker.
+UNKNOWN_ID = "6f1d3c1e-8b7a-4e53-9c1a-2b9d0e7f4a10"
+
 
 def _send(caller, method: str, path: str, body=None):
     return getattr(caller.client, method)(f"/api/v2/{path}", body, format="json", HTTP_APIKEY=caller.api_key)
@@ -220,7 +223,7 @@ def test_a_stranger_cannot_delete_a_style_but_its_owner_or_a_moderator_can(
     assert not Style.objects.exists()
 
 
-@pytest.mark.parametrize("style_id", [str(uuid.uuid4()), "not-a-uuid", ""])
+@pytest.mark.parametrize("style_id", [UNKNOWN_ID, "not-a-uuid", ""])
 def test_an_unknown_style_is_not_found_on_every_route(trusted_owner, style_id):
     for method, body in (("get", None), ("patch", {"name": "x"}), ("delete", None)):
         _refused(_send(trusted_owner, method, f"styles/text/{style_id}", body), 404, "StyleNotFound")
@@ -345,7 +348,7 @@ def test_a_stranger_cannot_delete_a_collection_but_its_owner_or_a_moderator_can(
     assert not StyleCollection.objects.exists() and Style.objects.count() == 1
 
 
-@pytest.mark.parametrize("collection_id", [str(uuid.uuid4()), "not-a-uuid"])
+@pytest.mark.parametrize("collection_id", [UNKNOWN_ID, "not-a-uuid"])
 def test_an_unknown_collection_is_not_found_on_every_route(trusted_owner, collection_id):
     for method, body in (("get", None), ("patch", {"name": "x"}), ("delete", None)):
         _refused(
