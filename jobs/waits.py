@@ -3,9 +3,10 @@ is queued, then popped again.
 
 Queueing a request, or giving its jobs back to the queue (a restart), publishes after the
 commit what a worker needs to take them (their models, kind and lengths: `Offer`) on one
-Redis channel (`channel()`, one per Redis database). Each web process reads that channel on one pub/sub connection (`_Hub`, one per
-event loop, as `jobs.relay_hub`'s) and wakes, oldest first, as many of its own waiting pops
-as could take the request, up to its jobs plus WAKE_MARGIN: not every waiting worker. A woken
+Redis channel (`channel()`, one per Redis database). Each web process reads that channel on
+one pub/sub connection (`_Hub`, one per event loop, as `jobs.relay_hub`'s) and wakes, oldest
+first, as many of its own waiting pops as could take the request, up to its jobs plus
+WAKE_MARGIN: not every waiting worker. A woken
 pop pops again through `pop_generation`, so that the fair order and the speed gate decide as
 for any pop; finding nothing (another worker was first), it waits on. A waiting pop holds no
 thread and no database connection: its pops run through `hordeops.asyncdb`.
