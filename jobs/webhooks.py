@@ -29,7 +29,7 @@ import httpx
 from django.conf import settings
 from django.db.models import F
 
-from hordeops import clock, errors, metrics
+from hordeops import celery_app, clock, errors, metrics
 from jobs.models import Generation
 from jobs.status import generation_details
 
@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 # The AI Horde's: three tries, each a POST of the generation's details.
 TRIES = 3
+# The task that makes one try (`jobs/tasks.py` `deliver_webhook_task`), by its Celery name.
+DELIVER_TASK = "jobs.tasks.deliver_webhook_task"
 DEFAULT_PORTS = {"https": 443, "http": 80}
 # NAT64's well-known prefix (RFC 6052): the IPv4 address it reaches is its last 32 bits.
 NAT64 = ipaddress.ip_network("64:ff9b::/96")
@@ -151,13 +153,13 @@ def send_later(generation_id: UUID, *, attempt: int = 1, countdown: float = 0) -
     """Queue try `attempt` of the generation's webhook, `countdown` seconds from now. A first
     try is dropped when WEBHOOK_QUEUE_MAX deliveries wait already: one unreachable hook's
     backlog must not grow without bound."""
-    from jobs.tasks import deliver_webhook_task
-
     if attempt == 1 and backlog() >= settings.WEBHOOK_QUEUE_MAX:
         logger.warning("Webhook of generation %s dropped: the webhook queue is full.", generation_id)
         metrics.increment(metrics.WEBHOOK_DELIVERIES, "dropped", now=clock.now())
         return
-    deliver_webhook_task.apply_async(
+    # Sent by name: importing `jobs.tasks` here would tie the submit's modules into a circle.
+    celery_app.send_task(
+        DELIVER_TASK,
         (str(generation_id), attempt),
         queue=settings.WEBHOOK_QUEUE,
         countdown=countdown or None,
