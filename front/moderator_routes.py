@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from front import moderation
 from front.signup import UNPRINTABLE
+from hordeops.api import validated_body
 from hordeops.serializers import (
     APIKEY,
     APIKEY_AUTH,
@@ -144,12 +145,6 @@ def _caller(request: Request) -> Account:
     return services.authenticate(api_key=request.headers.get("apikey"))
 
 
-def _valid(serializer_class, request: Request) -> dict:
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
-
-
 class UserView(kudos_views.UserView):
     """`GET` (`kudos.views.UserView`) and `PUT /api/v2/users/{id}`."""
 
@@ -165,7 +160,7 @@ class UserView(kudos_views.UserView):
         note; the account itself, or a moderator, its name, contact and whether its workers are
         public. Each moderator's change is logged in the admin's history."""
         caller = _caller(request)
-        changes = _valid(ModifyUserInput, request)
+        changes = validated_body(ModifyUserInput, request)
         return Response(moderation.modify_user(caller=caller, user_id=user_id, changes=changes))
 
 
@@ -189,7 +184,7 @@ class KudosAwardView(APIView):
     def post(self, request: Request) -> Response:
         """A moderator awards kudos, minted (the AI Horde's route, for its admins there)."""
         moderator = _caller(request)
-        data = _valid(KudosAwardInput, request)
+        data = validated_body(KudosAwardInput, request)
         amount = moderation.award_by_api(
             moderator=moderator, username=data["username"], amount=data["amount"]
         )
@@ -231,5 +226,5 @@ class ModesView(APIView):
     def put(self, request: Request) -> Response:
         """A moderator sets the horde's modes (the AI Horde's maintenance is its admins')."""
         moderator = _caller(request)
-        changes = _valid(ModesInput, request)
+        changes = validated_body(ModesInput, request)
         return Response(moderation.set_modes_by_api(moderator=moderator, changes=changes))

@@ -23,6 +23,14 @@ logger = logging.getLogger(__name__)
 VALIDATION_MESSAGE = "Input payload validation failed"
 
 
+def validated_body(serializer_class: type, request: Any) -> dict[str, Any]:
+    """A route's JSON body, validated by `serializer_class`; a bad one raises DRF's
+    ValidationError, which each API family shapes as its 400."""
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
 def horde_body(message: str, rc: str, **extra: Any) -> dict[str, Any]:
     """The horde family's one error envelope (the AI Horde's `{"message", "rc"}`)."""
     return {"message": message, "rc": rc, **extra}

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import errors
+from hordeops.api import validated_body
 from hordeops.parsing import ascii_int
 from hordeops.replica import replica_reads
 from hordeops.serializers import (
@@ -181,9 +182,7 @@ PAGE = OpenApiParameter(
 
 def _valid(serializer_class, request: Request, *, unserved: dict[str, str] | None = None) -> dict:
     refuse_unserved(request.data, unserved or {})
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
+    return validated_body(serializer_class, request)
 
 
 def _listing(request: Request) -> dict:

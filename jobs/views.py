@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import api, clock, errors, ratelimit
+from hordeops.api import validated_body
 from hordeops.parsing import MAX_DIGITS, ascii_int
 from hordeops.replica import replica_reads
 from hordeops.serializers import APIKEY, APIKEY_AUTH, COUNT, OBJECT_LIST, keyed_route
@@ -35,12 +36,6 @@ ERRORS = {code: s.HordeErrorOutput for code in (400, 401, 403, 404, 408, 409, 41
 
 def _account(request: Request):
     return authenticate(api_key=request.headers.get("apikey"))
-
-
-def _validated(serializer_class, request: Request) -> dict:
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 def _worker_post(serializer_class, request: Request) -> tuple[str | None, Any]:
@@ -79,7 +74,7 @@ class TextAsyncView(APIView):
         account, shared_key = shared_keys.key_holder(api_key=request.headers.get("apikey"))
         budget = deadlines.for_account(header, account)
         styles.refuse_unserved(request.data, styles.UNSERVED_REQUEST_FIELDS)
-        data = _validated(s.TextAsyncInput, request)
+        data = validated_body(s.TextAsyncInput, request)
         if not data["prompt"]:
             raise errors.MissingPrompt()
         # The deadline bounds the request's life: it expires when the budget runs out.

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from hordeops import clock, errors
+from hordeops.api import validated_body
 from hordeops.replica import replica_reads
 from hordeops.serializers import (
     APIKEY,
@@ -196,7 +197,7 @@ class WorkerGoodbyeView(APIView):
     )
     def post(self, request: Request) -> Response:
         """A stopping worker says so: offline at once, until its next pop (hordeops' own route)."""
-        data = _valid(GoodbyeInput, request)
+        data = validated_body(GoodbyeInput, request)
         worker = services.say_goodbye(
             api_key=request.headers.get("apikey"), name=data["name"], now=clock.now()
         )
@@ -245,7 +246,7 @@ class OperationsIPView(APIView):
     @keyed_route("operations_ip_add", body=AddTimeoutInput, answer=SIMPLE, refusals=ERRORS)
     def post(self, request: Request) -> Response:
         moderator = _moderator(request)
-        data = _valid(AddTimeoutInput, request)
+        data = validated_body(AddTimeoutInput, request)
         now = clock.now()
         services.time_out_address(
             network=data["ipaddr"], until=now + timedelta(hours=data["hours"]), by=moderator.name, now=now
@@ -255,7 +256,7 @@ class OperationsIPView(APIView):
     @keyed_route("operations_ip_delete", body=DeleteTimeoutInput, answer=SIMPLE, refusals=ERRORS)
     def delete(self, request: Request) -> Response:
         moderator = _moderator(request)
-        data = _valid(DeleteTimeoutInput, request)
+        data = validated_body(DeleteTimeoutInput, request)
         services.lift_address_timeouts(networks=[data["ipaddr"]], by=moderator.name, now=clock.now())
         return Response({"message": "OK"})
 
@@ -299,7 +300,7 @@ class OperationsBlockWorkerIPView(APIView):
     )
     def put(self, request: Request, worker_id: str) -> Response:
         moderator = _moderator(request)
-        data = _valid(BlockWorkerInput, request)
+        data = validated_body(BlockWorkerInput, request)
         services.block_worker_address(
             worker_id=self._id(worker_id), days=data["days"], by=unique_alias(moderator), now=clock.now()
         )
@@ -317,12 +318,6 @@ class OperationsBlockWorkerIPView(APIView):
             worker_id=self._id(worker_id), by=unique_alias(moderator), now=clock.now()
         )
         return Response({"message": "OK"})
-
-
-def _valid(serializer_class, request: Request) -> dict:
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 class SharedKeyInput(serializers.Serializer):
@@ -376,7 +371,7 @@ class SharedKeysView(APIView):
     def put(self, request: Request) -> Response:
         """Make a shared key of the caller's (`kudos` 5000, -1 unlimited; `expiry` in days, -1 never)."""
         account = shared_keys.caller(api_key=request.headers.get("apikey"))
-        data = _valid(SharedKeyInput, request)
+        data = validated_body(SharedKeyInput, request)
         shared_keys.take_rate(account_id=account.pk)
         key = shared_keys.create_shared_key(owner=account, now=clock.now(), **_settings(data))
         return Response(shared_keys.details(key))
@@ -398,7 +393,7 @@ class SharedKeyView(APIView):
     @keyed_route("sharedkey_modify", body=SharedKeyInput, answer=SharedKeyOutput, refusals=SHARED_KEY_ERRORS)
     def patch(self, request: Request, sharedkey_id: str) -> Response:
         """Change the owner's key: what the body gives (at least one), the rest as it was."""
-        data = _valid(SharedKeyInput, request)
+        data = validated_body(SharedKeyInput, request)
         changes = {field: data.get(field) for field in ("kudos", "expiry", "name", "max_text_tokens")}
         owner = shared_keys.caller(api_key=request.headers.get("apikey"), key_id=sharedkey_id)
         key = shared_keys.modify_shared_key(owner=owner, key_id=sharedkey_id, now=clock.now(), **changes)
@@ -494,7 +489,7 @@ class TeamsView(APIView):
     def post(self, request: Request) -> Response:
         """Make a team: trusted accounts only (403 `UntrustedTeamCreation`)."""
         caller = services.authenticate(api_key=request.headers.get("apikey"))
-        data = _valid(TeamCreateInput, request)
+        data = validated_body(TeamCreateInput, request)
         team = teams.create_team(caller=caller, name=data["name"], info=data.get("info"))
         return Response(teams.changed_answer(team))
 
@@ -527,7 +522,7 @@ class TeamView(APIView):
     def patch(self, request: Request, team_id: str) -> Response:
         """Rename or describe a team, as its creator or a moderator."""
         caller = services.authenticate(api_key=request.headers.get("apikey"))
-        data = _valid(TeamModifyInput, request)
+        data = validated_body(TeamModifyInput, request)
         team = teams.modify_team(caller=caller, team_id=team_id, name=data.get("name"), info=data.get("info"))
         return Response(teams.changed_answer(team))
 
