@@ -32,6 +32,7 @@ TRUST_WORDS = {
 }
 FLAGGED = "Flagged (its workers offered no jobs until its suspicions are cleared)"
 SUSPICIONS_CLEARED = "Suspicions cleared (its workers offered jobs again)"
+PASSKEY_MADE = "Proxy passkey made (any older one no longer works)"
 
 
 def awarded(amount: Decimal | int) -> str:
@@ -166,7 +167,7 @@ def modify_user(*, caller: Account, user_id: str, changes: dict[str, Any]) -> di
         answer.update({field: changes[field] for field, _ in COLUMNS if field in changes})
         if changes.get("generate_proxy_passkey"):
             answer["proxy_passkey"] = proxies.make_passkey(account=account)
-            log("made a proxy passkey")
+            log(PASSKEY_MADE)
         if "trusted" in changes:
             if trust_accounts(accounts=this, trusted=changes["trusted"]):
                 log(TRUST_WORDS[changes["trusted"]])

@@ -309,7 +309,7 @@ class AccountAdmin(ModeratedFieldsMixin, admin.ModelAdmin):
         consequence="Each service account gets a new passkey for its Proxy-Authorization header (any "
         "older one stops working); with it, its Proxied-For header is taken as the client's address. "
         "Each is shown once, on the next page. Accounts that are not service accounts are left out.",
-        logged="Proxy passkey made (any older one no longer works)",
+        logged=moderation.PASSKEY_MADE,
         done=None,
         among=lambda accounts: accounts.filter(service=True),
     )

@@ -214,7 +214,7 @@ def test_an_account_sets_its_own_name_contact_and_public_workers_unlogged(owner,
     assert not LogEntry.objects.exists()  # not a moderator's act
 
 
-def test_a_service_account_makes_its_own_proxy_passkey_answered_once_and_kept_hashed(owner):
+def test_a_service_account_makes_its_own_proxy_passkey_answered_once_and_kept_hashed(owner, boss):
     from workers.models import hash_api_key
 
     Account.objects.filter(pk=owner.account.pk).update(service=True)
@@ -224,6 +224,11 @@ def test_a_service_account_makes_its_own_proxy_passkey_answered_once_and_kept_ha
     assert answer.status_code == 200 and passkey
     stored = Account.objects.get(pk=owner.account.pk).proxy_passkey_hash
     assert stored == hash_api_key(passkey) != passkey
+    assert entries(owner.account) == []  # the account's own act
+    renewed = put_user(boss, owner.account, {"generate_proxy_passkey": True}).json()["proxy_passkey"]
+    assert renewed != passkey
+    by = f" through the API by boss#{boss.account.pk}"
+    assert entries(owner.account) == [moderation.PASSKEY_MADE + by]  # in the admin action's words
 
 
 def test_bad_values_and_fields_hordeops_has_not_are_refused_with_the_ai_hordes_codes(boss, owner, anonymous):
