@@ -12,19 +12,18 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Max, Q, UUIDField, Value
-from django.db.models.functions import Coalesce, Least
 
 from hordeops import clock, errors
 from hordeops.rows import insert_values, pipelined
 from jobs import admission, affinity, eligibility, spending, sql, waits, webhooks
-from jobs.models import Generation, TextRequest
+from jobs.models import TextRequest
 from jobs.protocols.base import MAX_REPLY_TOKENS
 from jobs.status import eligible_workers
 from kudos import ledger, rates
 from kudos.models import Event, Wallet
 from kudos.sql import LOCK_ACCOUNT
 from workers import shared_keys
+from workers.capacity import online_since
 from workers.models import Account, SharedKey, Worker
 from workers.sql import spend_shared_key
 
@@ -78,23 +77,27 @@ def _reply_length(
     one's `max_length`: refused at once, naming the most accepted, for it would only wait out
     its life. A model whose workers all accept less than the reply is left out. The workers
     are read live, in the one statement a model's check needs anyway: a cached view could
-    refuse a request that a worker which just came online would take.
+    refuse a request that a worker which just came online would take. All the models in one
+    statement (`sql.served_models`), on the path to a chat's first token.
     """
-    online = Worker.objects.online_chat(now) if chat else Worker.objects.online(now)
     # The context a request needs, as `create_reply_request` counts it: its prompt and its reply.
     prompt_size = max(20, prompt_tokens(prompt))
-    capable = Q()
-    for name in needs or {}:
-        capable &= Q(**{name: True})
+    names = tuple(needs or {})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            sql.served_models(chat=chat, needs=names),
+            {"models": models, "prompt_size": prompt_size, "online_since": online_since(now)},
+        )
+        rows = cursor.fetchall()
     served: list[tuple[str, int, int]] = []  # (model, longest reply, longest fitting this prompt)
     incapable: tuple[str, dict[str, Any]] | None = None  # the first model served, but not as needed
-    for model in models:
-        limits = online.filter(served_models__overlap=[model]).aggregate(
-            serving=Count("pk"),
-            longest=Max("max_length", filter=capable),
-            fitting=Max(Least("max_length", F("max_context_length") - prompt_size), filter=capable),
-            **{name: Count("pk", filter=Q(**{name: True})) for name in needs or {}},
-        )
+    for model, (serving, longest, fitting, *declaring) in zip(models, rows, strict=True):
+        limits = {
+            "serving": serving,
+            "longest": longest,
+            "fitting": fitting,
+            **dict(zip(names, declaring, strict=False)),
+        }
         if limits["longest"] is not None:
             served.append((model, limits["longest"], limits["fitting"]))
         elif limits["serving"] and incapable is None:
@@ -490,20 +493,10 @@ def commit_stream(*, request_id: UUID, generation_id: UUID) -> str | None:
     (`Generation.streamed`); the request's `stream_generation` keeps the first committed. The
     generation row is locked first, in the order the stale pass and the submit lock
     (generation, then request): either the pass aborted it before, and nothing is committed,
-    or it aborts it after and sees the commitment.
+    or it aborts it after and sees the commitment. One statement (`sql.commit_stream`): it
+    stands between the first output and the requester.
     """
-    with transaction.atomic():
-        # The generation's own columns only: a join (the request's state) would be read from
-        # the statement's snapshot, not re-checked once a concurrent abort releases the row.
-        running = Generation.objects.filter(
-            pk=generation_id, request_id=request_id, state=Generation.State.PROCESSING
-        ).update(streamed=True)
-        if not running:
-            return None
-        first = Coalesce(F("stream_generation"), Value(generation_id, output_field=UUIDField()))
-        if not TextRequest.objects.filter(pk=request_id, state=TextRequest.State.ACTIVE).update(
-            stream_generation=first
-        ):
-            transaction.set_rollback(True)  # ended meanwhile: nothing is committed
-            return None
-        return Generation.objects.filter(pk=generation_id).values_list("model", flat=True).get()
+    with connection.cursor() as cursor:
+        cursor.execute(sql.commit_stream(), {"generation": generation_id, "request": request_id})
+        row = cursor.fetchone()
+    return None if row is None else row[0]

@@ -36,7 +36,7 @@ from jobs.sql.names import (
     WORKERS,
     folded,
 )
-from jobs.sql.posts import WORKER_POST_PARTS, accept, relayed, renew, worker_post
+from jobs.sql.posts import WORKER_POST_PARTS, accept, commit_stream, relayed, renew, worker_post
 from jobs.sql.queue import (
     CLAIMED,
     NEAR_ROWS,
@@ -59,6 +59,7 @@ from jobs.sql.reads import (
     queued_between,
     queued_per_model,
     queued_totals,
+    served_models,
 )
 
 __all__ = [
@@ -84,6 +85,7 @@ __all__ = [
     "WORKER_POST_PARTS",
     "abort_lapsed",
     "accept",
+    "commit_stream",
     "cancel_generations",
     "claim",
     "disagreeing_holds",
@@ -104,6 +106,7 @@ __all__ = [
     "queued_totals",
     "relayed",
     "renew",
+    "served_models",
     "restart_requests",
     "skipped",
     "worker_post",

@@ -14,6 +14,7 @@ from jobs.sql.names import (
     REQUESTS,
     TEXT,
     WORKERS,
+    folded,
 )
 from kudos.sql import draw_holds, post_event, release_holds
 from workers.models import Account, Worker
@@ -84,6 +85,31 @@ def relayed() -> str:
     return (
         f"UPDATE {GENERATIONS} SET relayed_bytes = GREATEST(relayed_bytes, %s)"
         f" WHERE id = %s AND state = '{PROCESSING}'"
+    )
+
+
+@cache
+def commit_stream() -> str:
+    """A stream's commitment in one round trip (`%(generation)s`, `%(request)s`): the generation
+    row locked first, in the order the stale pass and the submit lock (generation, then
+    request), re-checked as running once a concurrent abort releases it; the request, still
+    active, keeps its first committed generation; only then is the generation marked streamed.
+    Its model, or no row when nothing was committed."""
+    return folded(
+        f"""
+        WITH running AS (
+            SELECT id, model FROM {GENERATIONS}
+            WHERE id = %(generation)s AND request_id = %(request)s AND state = '{PROCESSING}'
+            FOR UPDATE
+        ), chosen AS (
+            UPDATE {REQUESTS} SET stream_generation = COALESCE(stream_generation, %(generation)s)
+            WHERE id = %(request)s AND state = '{ACTIVE}' AND EXISTS (SELECT 1 FROM running)
+            RETURNING id
+        )
+        UPDATE {GENERATIONS} AS g SET streamed = true FROM running
+        WHERE g.id = running.id AND EXISTS (SELECT 1 FROM chosen)
+        RETURNING running.model
+        """
     )
 
 

@@ -10,9 +10,11 @@ from jobs.sql.names import (
     GENERATIONS,
     REQUESTS,
     WORKERS,
+    folded,
 )
 from kudos.sql import HOLDS
 from workers.capacity import ONLINE_SQL
+from workers.declaration import CAPABILITIES
 
 # -- The status -------------------------------------------------------------------------------
 
@@ -32,6 +34,29 @@ def eligible_workers(*, names_models: bool) -> str:
         f" FROM {REQUESTS} AS r,"
         f" {WORKERS} AS w JOIN {ACCOUNTS} AS wa ON wa.id = w.account_id"
         f" WHERE r.id = %(request)s{serving} AND {ONLINE_SQL.format(w='w')} AND {eligibility.offer_sql()}"
+    )
+
+
+@cache
+def served_models(*, chat: bool, needs: tuple[str, ...]) -> str:
+    """For each of `%(models)s` (in their order, one row each): its online workers (chat
+    workers only for a chat), the longest reply one of them accepts and the longest that fits
+    `%(prompt_size)s` tokens of prompt in its context, both among the workers that declare
+    every capability in `needs`, and how many declare each of them. One statement for all
+    the models, each found on the GIN index `worker_models_gin`."""
+    assert set(needs) <= set(CAPABILITIES), needs  # column names, written in
+    capable = " AND ".join(f"w.{name}" for name in needs) or "true"
+    declaring = "".join(f", count(w.id) FILTER (WHERE w.{name})" for name in needs)
+    return folded(
+        f"""
+        SELECT count(w.id), max(w.max_length) FILTER (WHERE {capable}),
+               max(LEAST(w.max_length, w.max_context_length - %(prompt_size)s)) FILTER (WHERE {capable})
+               {declaring}
+        FROM unnest(%(models)s::text[]) WITH ORDINALITY AS m(model, position)
+        LEFT JOIN {WORKERS} AS w ON w.served_models && ARRAY[m.model]::varchar(255)[]
+            AND w.deleted_at IS NULL AND {ONLINE_SQL.format(w="w")}{" AND w.chat" if chat else ""}
+        GROUP BY m.position ORDER BY m.position
+        """
     )
 
 
