@@ -8,15 +8,17 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import django
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core import signals
 from django.core.exceptions import ImproperlyConfigured, RequestAborted, SuspiciousFileOperation
+from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.http import Http404, HttpResponseBase
 from django.urls import Resolver404, get_resolver, set_script_prefix
+from django.utils.deprecation import MiddlewareMixin
 
 from hordeops import clock, errors, streams
 
@@ -63,9 +65,11 @@ class HordeASGIHandler(ASGIHandler):
     Async views (the chat relays) take Django's async path, but outside the per-request
     `ThreadSensitiveContext` that Django's `__call__` opens: that context gives each request
     a thread of its own, kept until its response ends, so every open stream would hold one.
-    Without it, the few thread-sensitive hops Django makes (the sync middleware, the request
-    signals) share asgiref's one process-wide thread, and the views' database steps run on
-    `hordeops.asyncdb`'s threads.
+    Without it, the few thread-sensitive hops Django makes (the request signals, a step that
+    reads Redis) share asgiref's one process-wide thread, and the views' database steps run on
+    `hordeops.asyncdb`'s threads. On the API's paths their chain is the API's middleware, and
+    the steps that do no I/O (`ON_THE_LOOP`) run on the event loop: each hop stood between a
+    chat and its first token.
     """
 
     def __init__(self) -> None:
@@ -77,6 +81,14 @@ class HordeASGIHandler(ASGIHandler):
         self._sync_threads = ThreadPoolExecutor(
             max_workers=settings.WEB_SYNC_THREADS, thread_name_prefix="hordeops-sync"
         )
+        self._api_async_handler = _loop_handler(
+            [name for name in settings.MIDDLEWARE if name not in settings.PAGE_ONLY_MIDDLEWARE]
+        )
+
+    async def get_response_async(self, request):
+        if request.path_info.startswith(settings.API_PATHS):
+            return await self._api_async_handler.get_response_async(request)
+        return await super().get_response_async(request)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -222,6 +234,89 @@ def _sync_handler(middleware: list[str]) -> BaseHandler:
         handler.load_middleware(is_async=False)
     finally:
         settings.MIDDLEWARE = configured
+    return handler
+
+
+# The API's middleware steps that do no I/O (counters, headers, the request's own fields), by
+# middleware: in an async route's chain they run on the event loop, where Django's
+# `MiddlewareMixin` hops to a thread for each. The rate limits' request step reads Redis and
+# keeps its hop.
+ON_THE_LOOP: dict[str, frozenset[str]] = {
+    "django_prometheus.middleware.PrometheusBeforeMiddleware": frozenset(
+        {"process_request", "process_response"}
+    ),
+    "hordeops.api.BodyLimitMiddleware": frozenset({"process_request"}),
+    "hordeops.api.RateLimitMiddleware": frozenset({"process_response"}),
+    "django.middleware.security.SecurityMiddleware": frozenset({"process_request", "process_response"}),
+    "django.middleware.common.CommonMiddleware": frozenset({"process_request", "process_response"}),
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": frozenset({"process_response"}),
+    "django_prometheus.middleware.PrometheusAfterMiddleware": frozenset(
+        {
+            "process_request",
+            "process_view",
+            "process_response",
+            "process_exception",
+            "process_template_response",
+        }
+    ),
+}
+
+
+def _loop_steps(instance) -> frozenset[str]:
+    cls = type(instance)
+    return ON_THE_LOOP.get(f"{cls.__module__}.{cls.__qualname__}", frozenset())
+
+
+class _OnTheLoop(MiddlewareMixin):
+    """`MiddlewareMixin.__acall__`, with the steps `ON_THE_LOOP` names called in place."""
+
+    async def __acall__(self, request):
+        steps = _loop_steps(self)
+        response = None
+        if hasattr(self, "process_request"):
+            response = await _step(self.process_request, "process_request" in steps)(request)
+        response = response or await self.get_response(request)
+        if hasattr(self, "process_response"):
+            response = await _step(self.process_response, "process_response" in steps)(request, response)
+        return response
+
+
+def _step(method, on_the_loop: bool):
+    if not on_the_loop:
+        return sync_to_async(method, thread_sensitive=True)
+
+    async def in_place(*args):
+        return method(*args)
+
+    return in_place
+
+
+class _LoopHandler(BaseHandler):
+    def adapt_method_mode(self, is_async, method, method_is_async=None, debug=False, name=None):
+        # A middleware's view, exception and template steps, adapted once at load.
+        instance = getattr(method, "__self__", None)
+        if is_async and instance is not None and method.__name__ in _loop_steps(instance):
+            return _step(method, True)
+        return super().adapt_method_mode(is_async, method, method_is_async, debug, name)
+
+
+def _loop_handler(middleware: list[str]) -> BaseHandler:
+    """Django's async handler with `middleware` for its chain, each `MiddlewareMixin` in it
+    taking `_OnTheLoop`'s steps. Django imports each middleware while it loads the chain, at
+    start-up: the class it gets is wrapped there, and the import given back at once."""
+    handler, configured, importing = _LoopHandler(), settings.MIDDLEWARE, base.import_string
+
+    def on_the_loop(path: str):
+        middleware = importing(path)
+        if path not in ON_THE_LOOP or not issubclass(middleware, MiddlewareMixin):
+            return middleware
+        return type(middleware.__name__, (_OnTheLoop, middleware), {"__module__": middleware.__module__})
+
+    settings.MIDDLEWARE, base.import_string = middleware, on_the_loop
+    try:
+        handler.load_middleware(is_async=True)
+    finally:
+        settings.MIDDLEWARE, base.import_string = configured, importing
     return handler
 
 

@@ -13,8 +13,11 @@ from hordeops import asgi
 from hordeops.views import HeartbeatView
 
 
-def _get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[int, bytes, int]:
-    """Run one GET through an ASGI app; return the status, the body and the thread hops taken."""
+def _get(
+    app, path: str, headers: list[tuple[bytes, bytes]] = (), sent: list[dict] | None = None
+) -> tuple[int, bytes, int]:
+    """Run one GET through an ASGI app; return the status, the body and the thread hops taken
+    (the messages sent go to `sent`, when given)."""
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -29,7 +32,7 @@ def _get(app, path: str, headers: list[tuple[bytes, bytes]] = ()) -> tuple[int, 
         "client": ("127.0.0.1", 1234),
         "server": ("testserver", 80),
     }
-    sent: list[dict] = []
+    sent = [] if sent is None else sent
     received = 0
 
     async def receive():
@@ -97,6 +100,33 @@ def test_an_async_route_still_answers_through_the_async_chain():
     status, body, _ = _get(asgi.application, "/v1/chat/completions")
     assert status == 405
     assert b"error" in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_api_route_hops_to_a_thread_only_for_the_steps_that_do_io():
+    sent: list[dict] = []
+    status, _, hops = _get(asgi.application, "/v1/chat/completions", sent=sent)
+    _, _, django_hops = _get(ASGIHandler(), "/v1/chat/completions")
+    assert status == 405
+    # The request signals, the rate limits' Redis read, the error's log line and the
+    # response's close; Django's chain takes one or two more per middleware.
+    assert hops <= 4, hops
+    assert django_hops >= hops + 12, django_hops
+    # The steps run on the loop still ran: the security and framing headers are there.
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {name.lower(): value for name, value in start["headers"]}
+    assert headers[b"x-frame-options"] == b"DENY"
+    assert headers[b"x-content-type-options"] == b"nosniff"
+
+
+def test_loading_the_loop_chain_leaves_the_settings_and_djangos_import_as_they_were():
+    asgi._loop_handler(["hordeops.api.RateLimitMiddleware", "django.middleware.common.CommonMiddleware"])
+    from django.conf import settings
+    from django.core.handlers import base
+
+    assert "hordeops.api.RateLimitMiddleware" in settings.MIDDLEWARE
+    assert len(settings.MIDDLEWARE) > 2
+    assert base.import_string.__module__ == "django.utils.module_loading"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -58,3 +58,17 @@ def test_a_streaming_response_keeps_its_async_generator_where_a_stalled_stream_c
 
     content = stream()
     assert StreamingHttpResponse(content)._iterator is content
+
+
+def test_the_async_chain_imports_each_middleware_and_adapts_its_steps_where_the_loop_chain_hooks_in():
+    # hordeops.asgi._loop_handler wraps the classes `import_string` gives `load_middleware`,
+    # and `_LoopHandler` overrides `adapt_method_mode` for the view and exception steps.
+    from django.core.handlers import base
+    from django.utils.deprecation import MiddlewareMixin
+
+    assert "import_string(middleware_path)" in inspect.getsource(BaseHandler.load_middleware)
+    assert base.import_string.__module__ == "django.utils.module_loading"
+    assert _parameters(BaseHandler.adapt_method_mode) == [
+        "self", "is_async", "method", "method_is_async", "debug", "name"
+    ]  # fmt: skip
+    assert "self.__acall__(request)" in inspect.getsource(MiddlewareMixin.__call__)
