@@ -6,7 +6,7 @@ commit what a worker needs to take them (their models, kind and lengths: `Offer`
 Redis channel (`channel()`, one per Redis database). Each web process reads that channel on
 one pub/sub connection (`_Hub`, one per event loop, as `jobs.relay_hub`'s) and wakes, oldest
 first, as many of its own waiting pops as could take the request, up to its jobs plus
-WAKE_MARGIN: not every waiting worker. A woken
+WAKE_MARGIN, and no more of one worker's slots than its jobs: not every waiting worker. A woken
 pop pops again through `pop_generation`, so that the fair order and the speed gate decide as
 for any pop; finding nothing (another worker was first), it waits on. A waiting pop holds no
 thread and no database connection: its pops run through `hordeops.asyncdb`.
@@ -271,13 +271,19 @@ class _Hub:
         while self._recent[0][0] < now - RECENT_SECONDS:
             self._recent.popleft()
         bound = offer.jobs + WAKE_MARGIN
+        # A worker's waiting slots are alike: more of them than it could take jobs would pop
+        # for nothing, beside the one that takes the job.
+        per_worker: dict[str, int] = {}
         for waiter in self._waiters.values():
             if bound == 0:
                 break
+            if waiter.worker_id and per_worker.get(waiter.worker_id, 0) >= offer.jobs:
+                continue
             if not waiter.woken.is_set() and waiter.can_take(offer):
                 waiter.woken.set()
                 self.woken += 1
                 bound -= 1
+                per_worker[waiter.worker_id] = per_worker.get(waiter.worker_id, 0) + 1
 
     def fail(self) -> None:
         """Every waiting pop answers now; later pops use a new hub."""

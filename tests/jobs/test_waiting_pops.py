@@ -194,6 +194,29 @@ def test_a_waiting_worker_that_cannot_take_a_job_is_not_woken_for_it(requester, 
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_queued_request_wakes_no_more_of_one_workers_slots_than_it_has_jobs(requester, trusted_owner, n):
+    async def scenario():
+        slots = []
+        for _ in range(4):  # one bridge's four slots, each in its own waiting pop
+            slots.append(asyncio.create_task(timed_pop(pop_body("slots", wait=1.5), trusted_owner.api_key)))
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)
+        hub = waits.hub()
+        request = await asyncio.to_thread(queue_text, requester.account, n=n)
+        await asyncio.sleep(0.3)
+        woken = hub.woken
+        answers = [answer for _, answer, _ in await asyncio.gather(*slots)]
+        return request, woken, answers
+
+    request, woken, answers = run(scenario)
+    assert woken == n  # not n + WAKE_MARGIN: another slot of the same worker pops for nothing
+    taken = [answer["id"] for answer in answers if answer["id"]]
+    assert len(taken) == n
+    assert {Generation.objects.get(pk=job).request_id for job in taken} == {request.pk}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_queued_job_wakes_a_bounded_number_of_waiting_workers_oldest_first(requester, trusted_owner):
     names = [f"waiter-{i}" for i in range(5)]
 
