@@ -27,7 +27,13 @@ from jobs.protocols.base import (
     top_k_field,
     validated,
 )
-from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
+from jobs.serializers import (
+    HotInput,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 
 
 @extend_schema_field(
@@ -153,7 +159,7 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, b
     return agents.named_choice(value.get("name"), tools, "tool_choice"), parallel
 
 
-class AnthropicMessagesInput(serializers.Serializer):
+class AnthropicMessagesInput(HotInput):
     model = StrictCharField(max_length=255)
     models = fallbacks_field()  # OpenRouter's fallbacks, as on the OpenAI routes
     max_tokens = StrictIntegerField(min_value=1, max_value=MAX_REPLY_TOKENS)

@@ -23,7 +23,13 @@ from jobs.protocols.base import (
     validated,
 )
 from jobs.protocols.openai_errors import OpenAIErrors
-from jobs.serializers import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
+from jobs.serializers import (
+    HotInput,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 
 
 @extend_schema_field(text_content_schema(("input_text", "output_text")))
@@ -31,7 +37,7 @@ class ResponseContentField(serializers.JSONField):
     """An input item's content: a string, or a list of input or output text parts."""
 
 
-class ResponseItemInput(serializers.Serializer):
+class ResponseItemInput(HotInput):
     """One item of `input`: a message whose content is a string or text parts."""
 
     type = serializers.ChoiceField(choices=["message"], required=False)
