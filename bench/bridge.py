@@ -12,7 +12,9 @@ bridge (`.venv/bin/hordeops-bridge`, `--threads` the largest N) pointed at the p
 passes the engine's stream through as it comes and notes when each token passed it.
 
 For each N in --streams, N streamed `/v1/chat/completions` at once (each its own prompt, greedy,
---tokens long), first to the engine, then to the horde:
+--tokens long), first to the engine, then to the horde. "Directly" is through the timing proxy
+too, so that its own hop (a Python server, a connection per stream) is on both sides and what is
+left is the horde's:
 
 - `tokens_per_second`: all streams' tokens over the time from the first token to the last, each
   way, and `ratio` (horde over direct). `wall_tokens_per_second` counts from the requests' send,
@@ -220,8 +222,8 @@ def rates(streams: list[dict], tokens: int) -> tuple[float, float]:
     return total / (last - first), total / (last - sent)
 
 
-def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
-    direct = streams_apart(f"{engine.url}/v1/chat/completions", n, tokens, {}, f"d{n}")
+def measure(n: int, tokens: int, stack_url: str, key: str, proxy: TimingProxy) -> dict:
+    direct = streams_apart(f"{proxy.url}/v1/chat/completions", n, tokens, {}, f"d{n}")
     horde = streams_apart(
         f"{stack_url}/v1/chat/completions", n, tokens, {"Authorization": f"Bearer {key}"}, f"h{n}"
     )
@@ -266,7 +268,7 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
     }  # fmt: skip
 
 
-def first_tokens(count: int, engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
+def first_tokens(count: int, stack_url: str, key: str, proxy: TimingProxy) -> dict:
     """`count` short chats one at a time, each sent directly and through the horde at a random
     moment (the bridge idle in its waiting pop): the first token's added time, p50 and p99, and
     where it went (p50 of each phase)."""
@@ -274,7 +276,7 @@ def first_tokens(count: int, engine: Engine, stack_url: str, key: str, proxy: Ti
     followed: list[tuple[str, dict]] = []
     for index in range(count):
         time.sleep(random.uniform(0.2, 0.6))
-        direct = streams_apart(f"{engine.url}/v1/chat/completions", 1, 8, {}, f"fd{index}")[0]
+        direct = streams_apart(f"{proxy.url}/v1/chat/completions", 1, 8, {}, f"fd{index}")[0]
         time.sleep(random.uniform(0.2, 0.6))
         headers = {"Authorization": f"Bearer {key}"}
         horde = streams_apart(f"{stack_url}/v1/chat/completions", 1, 8, headers, f"fh{index}")[0]
@@ -377,16 +379,16 @@ def main() -> None:
             "--pop_wait", str(args.pop_wait),
         )  # fmt: skip
         # One short stream each way first: the engine's and the stack's first calls are slow.
-        streams_apart(f"{engine.url}/v1/chat/completions", 1, 16, {}, "warm")
+        streams_apart(f"{proxy.url}/v1/chat/completions", 1, 16, {}, "warm")
         streams_apart(
             f"{stack_url}/v1/chat/completions", 1, 16, {"Authorization": f"Bearer {requester}"}, "w"
         )
         note(f"{args.first_tokens} first tokens")
-        first = first_tokens(args.first_tokens, engine, stack_url, requester, proxy)
+        first = first_tokens(args.first_tokens, stack_url, requester, proxy)
         results = []
         for n in sizes:
             note(f"{n} streams")
-            results.append(measure(n, args.tokens, engine, stack_url, requester, proxy))
+            results.append(measure(n, args.tokens, stack_url, requester, proxy))
         note("disconnect")
         report = {
             "bench": "bridge",
