@@ -6,7 +6,10 @@ commit what a worker needs to take them (their models, kind and lengths: `Offer`
 Redis channel (`channel()`, one per Redis database). Each web process reads that channel on
 one pub/sub connection (`_Hub`, one per event loop, as `jobs.relay_hub`'s) and wakes, oldest
 first, as many of its own waiting pops as could take the request, up to its jobs plus
-WAKE_MARGIN, and no more of one worker's slots than its jobs: not every waiting worker. A woken
+WAKE_MARGIN, and no more of one worker's slots than its jobs: not every waiting worker. A
+worker's slots may wait in every web process; a woken slot pops only if it takes a ticket for
+the message in Redis (`_Hub.ticket`), so that across the processes no more of them pop than
+the request has jobs. A woken
 pop pops again through `pop_generation`, so that the fair order and the speed gate decide as
 for any pop; finding nothing (another worker was first), it waits on. A waiting pop holds no
 thread and no database connection: its pops run through `hordeops.asyncdb`.
@@ -26,6 +29,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -80,6 +84,8 @@ class Offer:
     # The capabilities its worker must declare (`workers.declaration.CAPABILITIES`).
     needs: tuple[str, ...] = ()
     validated: bool = False  # only for a worker of a validated bridge (`validated_backends`)
+    # This message's own id: the tickets one worker's slots take for it (`_Hub.ticket`).
+    wake_id: str = ""
 
     @classmethod
     def of(cls, request: TextRequest) -> "Offer":
@@ -126,6 +132,7 @@ def publish(offers: list[Offer]) -> None:
                 o.open_after,
                 list(o.needs),
                 o.validated,
+                o.wake_id or uuid.uuid4().hex,
             ]
         )
         for o in offers
@@ -153,9 +160,10 @@ def _parsed(data: bytes) -> Offer:
         int(jobs),
         str(worker),
         float(open_after),
-        # A process not yet upgraded sends neither.
+        # A process not yet upgraded sends none of these.
         tuple(str(name) for name in rest[0]) if rest else (),
         bool(rest[1]) if len(rest) > 1 else False,
+        str(rest[2]) if len(rest) > 2 else "",
     )
 
 
@@ -175,6 +183,7 @@ class Waiter:
     validated: bool = False  # its bridge is one the horde validates (`kudos.rates.is_validated`)
     order: int = field(default_factory=lambda: next(_order))
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    woken_by: Offer | None = None  # the message that woke it, if one did
     ended: bool = False  # its hub failed or stops: pop once more and answer
 
     def can_take(self, offer: Offer) -> bool:
@@ -280,10 +289,27 @@ class _Hub:
             if waiter.worker_id and per_worker.get(waiter.worker_id, 0) >= offer.jobs:
                 continue
             if not waiter.woken.is_set() and waiter.can_take(offer):
+                waiter.woken_by = offer
                 waiter.woken.set()
                 self.woken += 1
                 bound -= 1
                 per_worker[waiter.worker_id] = per_worker.get(waiter.worker_id, 0) + 1
+
+    async def ticket(self, waiter: Waiter, offer: Offer) -> bool:
+        """Whether `waiter`, woken by `offer`, pops for it: its worker's slots may wait in every
+        web process, and each process wakes one, but no more of them pop than the offer has
+        jobs (a count per message and worker in Redis). Redis lost: it pops."""
+        if not offer.wake_id or not waiter.worker_id:
+            return True
+        key = f"{channel()}:{offer.wake_id}:{waiter.worker_id}"
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.incr(key)
+                pipe.expire(key, int(RECENT_SECONDS))
+                taken, _ = await pipe.execute()
+        except (redis.exceptions.RedisError, OSError):
+            return True
+        return taken <= offer.jobs
 
     def fail(self) -> None:
         """Every waiting pop answers now; later pops use a new hub."""
@@ -373,6 +399,9 @@ async def wait_for_job(
             last = time.monotonic() >= ends
             # Cleared before the pop: a job queued while it runs, which it may not see, wakes it again.
             waiter.woken.clear()
+            offer, waiter.woken_by = waiter.woken_by, None
+            if offer is not None and not last and not await waits.ticket(waiter, offer):
+                continue  # another process's slot of this worker pops for it
             taken, answer = await asyncdb.run(pop)
             if taken or last:
                 return answer

@@ -217,6 +217,35 @@ def test_a_queued_request_wakes_no_more_of_one_workers_slots_than_it_has_jobs(re
 
 
 @pytest.mark.django_db(transaction=True)
+def test_one_workers_slots_waiting_in_two_web_processes_pop_once_for_a_job(
+    requester, trusted_owner, monkeypatch
+):
+    pops: list[str] = []
+    pop_generation = services.pop_generation
+
+    def counted(**kwargs):
+        pops.append(kwargs["declaration"].name)
+        return pop_generation(**kwargs)
+
+    monkeypatch.setattr(services, "pop_generation", counted)
+    # Each slot on an event loop of its own, with its own hub and pub/sub connection: as in two
+    # web processes.
+    slots = [
+        Background(lambda: run(lambda: timed_pop(pop_body("slots", wait=1.5), trusted_owner.api_key)))
+        for _ in range(2)
+    ]
+    time.sleep(0.6)
+    before = len(pops)  # each slot's first pop, and its pop once its hub had joined the channel
+    request = queue_text(requester.account)
+    answers = [slot.result()[1] for slot in slots]
+    taken = [answer["id"] for answer in answers if answer["id"]]
+    assert len(taken) == 1
+    assert Generation.objects.get(pk=taken[0]).request_id == request.pk
+    # One pop for the job: the other process's slot, woken too, took no ticket.
+    assert len(pops) - before == 1, pops
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_queued_job_wakes_a_bounded_number_of_waiting_workers_oldest_first(requester, trusted_owner):
     names = [f"waiter-{i}" for i in range(5)]
 
