@@ -79,6 +79,11 @@ MODEL = f"openai/{MODEL_FILE}"
 JSON = {"Content-Type": "application/json"}
 
 
+class _ProxyServer(ThreadingHTTPServer):
+    # The requesters open all their streams at once: the default backlog of 5 reset some.
+    request_queue_size = 64
+
+
 def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -97,7 +102,7 @@ class TimingProxy:
         self.client = httpx.Client(timeout=None, limits=httpx.Limits(max_connections=64))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
+        self.server = _ProxyServer(("127.0.0.1", self.port), self._handler())
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -354,6 +359,7 @@ def main() -> None:
     parser.add_argument("--pop-interval", type=float, default=1.0, help="the bridge's --pop_interval")
     parser.add_argument("--pop-wait", type=float, default=20.0, help="the bridge's --pop_wait (0: it polls)")
     parser.add_argument("--first-tokens", type=int, default=20, help="short chats, one at a time")
+    parser.add_argument("--warm", type=int, default=40, help="chats through the horde before measuring")
     args = parser.parse_args()
     sizes = [int(size) for size in args.streams.split(",")]
     if not ENGINE_PYTHON.exists():
@@ -378,11 +384,14 @@ def main() -> None:
             "--threads", str(max(sizes)), "--max_length", "2048", "--pop_interval", str(args.pop_interval),
             "--pop_wait", str(args.pop_wait),
         )  # fmt: skip
-        # One short stream each way first: the engine's and the stack's first calls are slow.
+        # Short streams first: the engine's and the stack's first calls are slow. The stack's
+        # pools hand their database connections out in turn, and each connection plans a
+        # statement anew until it has run it five times (then it is prepared): --warm chats
+        # bring the stack to where a horde in use is.
         streams_apart(f"{proxy.url}/v1/chat/completions", 1, 16, {}, "warm")
-        streams_apart(
-            f"{stack_url}/v1/chat/completions", 1, 16, {"Authorization": f"Bearer {requester}"}, "w"
-        )
+        horde = {"Authorization": f"Bearer {requester}"}
+        for index in range(args.warm):
+            streams_apart(f"{stack_url}/v1/chat/completions", 1, 4, horde, f"w{index}")
         note(f"{args.first_tokens} first tokens")
         first = first_tokens(args.first_tokens, stack_url, requester, proxy)
         results = []
@@ -397,6 +406,7 @@ def main() -> None:
             "tokens": args.tokens,
             "pop_interval": args.pop_interval,
             "pop_wait": args.pop_wait,
+            "warm": args.warm,
             "first_token": first,
             "runs": results,
             "disconnect": disconnect(engine, stack_url, requester, proxy),
