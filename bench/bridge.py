@@ -1,9 +1,10 @@
 """What the horde costs a volunteer's stream: the same chats sent to the engine directly and
 through the horde (requester, relay, bridge, engine).
 
-Run:  .venv/bin/python bench/bridge.py [--streams 1,4,16] [--tokens 400] [--pop-interval 1] [--pop-wait 20]
+Run:  .venv/bin/python bench/bridge.py [--streams 1,4,16] [--tokens 400] [--first-tokens 20] [--warm 40]
+        [--pop-interval 1] [--pop-wait 20]
 
-(needs the engine: bin/engine-venv; about four minutes. The JSON goes to stdout, notes to stderr.)
+(needs the engine: bin/engine-venv; about six minutes. The JSON goes to stdout, notes to stderr.)
 
 It starts the stack as `bin/stack` does (database hordeops_bench_bridge, created and migrated if
 missing; Redis database 7), llama.cpp's Python server with one thread on the tests' tiny model
