@@ -184,6 +184,7 @@ class Waiter:
     order: int = field(default_factory=lambda: next(_order))
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     woken_by: Offer | None = None  # the message that woke it, if one did
+    popping: bool = False  # between its wake and the end of the pop it made
     ended: bool = False  # its hub failed or stops: pop once more and answer
 
     def can_take(self, offer: Offer) -> bool:
@@ -280,20 +281,24 @@ class _Hub:
         while self._recent[0][0] < now - RECENT_SECONDS:
             self._recent.popleft()
         bound = offer.jobs + WAKE_MARGIN
-        # A worker's waiting slots are alike: more of them than it could take jobs would pop
-        # for nothing, beside the one that takes the job.
+        # A worker's idle slots are alike: more of them than it could take jobs would pop for
+        # nothing, beside the one that takes the job. A slot in the middle of a pop is woken to
+        # pop again (its pop may not see this job) but is not one of them: it may be taking
+        # another job.
         per_worker: dict[str, int] = {}
         for waiter in self._waiters.values():
             if bound == 0:
                 break
-            if waiter.worker_id and per_worker.get(waiter.worker_id, 0) >= offer.jobs:
+            idle = not waiter.popping
+            if idle and waiter.worker_id and per_worker.get(waiter.worker_id, 0) >= offer.jobs:
                 continue
             if not waiter.woken.is_set() and waiter.can_take(offer):
                 waiter.woken_by = offer
                 waiter.woken.set()
                 self.woken += 1
                 bound -= 1
-                per_worker[waiter.worker_id] = per_worker.get(waiter.worker_id, 0) + 1
+                if idle:
+                    per_worker[waiter.worker_id] = per_worker.get(waiter.worker_id, 0) + 1
 
     async def ticket(self, waiter: Waiter, offer: Offer) -> bool:
         """Whether `waiter`, woken by `offer`, pops for it: its worker's slots may wait in every
@@ -400,9 +405,13 @@ async def wait_for_job(
             # Cleared before the pop: a job queued while it runs, which it may not see, wakes it again.
             waiter.woken.clear()
             offer, waiter.woken_by = waiter.woken_by, None
-            if offer is not None and not last and not await waits.ticket(waiter, offer):
-                continue  # another process's slot of this worker pops for it
-            taken, answer = await asyncdb.run(pop)
+            waiter.popping = True
+            try:
+                if offer is not None and not last and not await waits.ticket(waiter, offer):
+                    continue  # another process's slot of this worker pops for it
+                taken, answer = await asyncdb.run(pop)
+            finally:
+                waiter.popping = False
             if taken or last:
                 return answer
     finally:

@@ -216,6 +216,24 @@ def test_a_queued_request_wakes_no_more_of_one_workers_slots_than_it_has_jobs(re
     assert {Generation.objects.get(pk=job).request_id for job in taken} == {request.pk}
 
 
+def test_a_slot_in_the_middle_of_a_pop_does_not_stand_for_its_workers_idle_slots():
+    # Two jobs queued together: the slot woken for the first is popping when the second's
+    # message comes; the worker's other slot must be woken for that one.
+    async def scenario():
+        hub = waits._Hub(asyncio.get_running_loop())
+        slot = dict(
+            models=frozenset({"m1"}), chat=False, max_length=80, max_context_length=1024, worker_id="w"
+        )
+        popping, idle, other = waits.Waiter(**slot), waits.Waiter(**slot), waits.Waiter(**slot)
+        popping.popping = True
+        hub._waiters = {waiter.order: waiter for waiter in (popping, idle, other)}
+        hub._wake(waits.Offer(models=("m1",), chat=False, max_length=80, max_context_length=1024, jobs=1))
+        await hub._client.aclose()
+        return popping.woken.is_set(), idle.woken.is_set(), other.woken.is_set()
+
+    assert asyncio.run(scenario()) == (True, True, False)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_one_workers_slots_waiting_in_two_web_processes_pop_once_for_a_job(
     requester, trusted_owner, monkeypatch
