@@ -18,8 +18,8 @@ too, so that its own hop (a Python server, a connection per stream) is on both s
 left is the horde's:
 
 - `tokens_per_second`: all streams' tokens over the time from the first token to the last, each
-  way, and `ratio` (horde over direct). `wall_tokens_per_second` counts from the requests' send,
-  so it includes the wait for a pop.
+  way, and `ratio` (horde over direct); `engine_cpu_seconds` the engine's CPU time each way.
+  `wall_tokens_per_second` counts from the requests' send, so it includes the wait for a pop.
 - `ttft_ms`: time to first token, p50 each way, and what the horde adds; `phases_p50` where the
   horde's first token waited: `to_bridge` from the send to the bridge's first call to the engine
   (the chat queued, the waiting pop answered), `fit` the bridge counting the prompt's tokens,
@@ -228,11 +228,14 @@ def rates(streams: list[dict], tokens: int) -> tuple[float, float]:
     return total / (last - first), total / (last - sent)
 
 
-def measure(n: int, tokens: int, stack_url: str, key: str, proxy: TimingProxy) -> dict:
+def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy: TimingProxy) -> dict:
+    cpu = [engine.cpu_seconds()]
     direct = streams_apart(f"{proxy.url}/v1/chat/completions", n, tokens, {}, f"d{n}")
+    cpu.append(engine.cpu_seconds())
     horde = streams_apart(
         f"{stack_url}/v1/chat/completions", n, tokens, {"Authorization": f"Bearer {key}"}, f"h{n}"
     )
+    cpu.append(engine.cpu_seconds())
     for way, streams in (("direct", direct), ("horde", horde)):
         bad = [s for s in streams if s["status"] != 200 or s["finish"] != "length"]
         ended = [(s["status"], s["finish"], len(s["pieces"])) for s in bad]
@@ -264,6 +267,8 @@ def measure(n: int, tokens: int, stack_url: str, key: str, proxy: TimingProxy) -
                               "ratio": round(horde_rate / direct_rate, 3)},
         "wall_tokens_per_second": {"direct": round(direct_wall, 1), "horde": round(horde_wall, 1),
                                    "ratio": round(horde_wall / direct_wall, 3)},
+        # The engine's own CPU each way: the horde taking its core would show as less of it.
+        "engine_cpu_seconds": {"direct": round(cpu[1] - cpu[0], 2), "horde": round(cpu[2] - cpu[1], 2)},
         "ttft_ms": {"direct_p50": ms(ttft_direct), "horde_p50": ms(ttft_horde),
                     "added_p50": ms(ttft_horde - ttft_direct), "added_p99": ms(added_p99),
                     "phases_p50": _phases_p50(proxy, [(f"Story h{n} {i}.", s) for i, s in enumerate(horde)])},
@@ -398,7 +403,7 @@ def main() -> None:
         results = []
         for n in sizes:
             note(f"{n} streams")
-            results.append(measure(n, args.tokens, stack_url, requester, proxy))
+            results.append(measure(n, args.tokens, engine, stack_url, requester, proxy))
         note("disconnect")
         report = {
             "bench": "bridge",
