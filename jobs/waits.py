@@ -414,6 +414,10 @@ async def wait_for_job(
                 waiter.popping = False
             if taken or last:
                 return answer
+            if offer is not None and offer.jobs > 1:
+                # Another slot's pop of the same request may have held its row, which the claim
+                # skips: one pop more, that lock gone, so that a request's jobs are all taken.
+                waiter.woken.set()
     finally:
         waits.leave(waiter)
 
