@@ -262,22 +262,20 @@ ON_THE_LOOP: dict[str, frozenset[str]] = {
 }
 
 
-def _loop_steps(instance) -> frozenset[str]:
-    cls = type(instance)
-    return ON_THE_LOOP.get(f"{cls.__module__}.{cls.__qualname__}", frozenset())
-
-
 class _OnTheLoop(MiddlewareMixin):
-    """`MiddlewareMixin.__acall__`, with the steps `ON_THE_LOOP` names called in place."""
+    """`MiddlewareMixin.__acall__`, with the steps `ON_THE_LOOP` names (`loop_steps`, set on
+    each wrapped class as it is made) called in place."""
+
+    loop_steps: frozenset[str] = frozenset()
 
     async def __acall__(self, request):
-        steps = _loop_steps(self)
         response = None
         if hasattr(self, "process_request"):
-            response = await _step(self.process_request, "process_request" in steps)(request)
+            response = await _step(self.process_request, "process_request" in self.loop_steps)(request)
         response = response or await self.get_response(request)
         if hasattr(self, "process_response"):
-            response = await _step(self.process_response, "process_response" in steps)(request, response)
+            on_the_loop = "process_response" in self.loop_steps
+            response = await _step(self.process_response, on_the_loop)(request, response)
         return response
 
 
@@ -294,8 +292,7 @@ def _step(method, on_the_loop: bool):
 class _LoopHandler(BaseHandler):
     def adapt_method_mode(self, is_async, method, method_is_async=None, debug=False, name=None):
         # A middleware's view, exception and template steps, adapted once at load.
-        instance = getattr(method, "__self__", None)
-        if is_async and instance is not None and method.__name__ in _loop_steps(instance):
+        if is_async and method.__name__ in getattr(getattr(method, "__self__", None), "loop_steps", ()):
             return _step(method, True)
         return super().adapt_method_mode(is_async, method, method_is_async, debug, name)
 
@@ -310,7 +307,8 @@ def _loop_handler(middleware: list[str]) -> BaseHandler:
         middleware = importing(path)
         if path not in ON_THE_LOOP or not issubclass(middleware, MiddlewareMixin):
             return middleware
-        return type(middleware.__name__, (_OnTheLoop, middleware), {"__module__": middleware.__module__})
+        namespace = {"__module__": middleware.__module__, "loop_steps": ON_THE_LOOP[path]}
+        return type(middleware.__name__, (_OnTheLoop, middleware), namespace)
 
     settings.MIDDLEWARE, base.import_string = middleware, on_the_loop
     try:
