@@ -96,7 +96,7 @@ def _reply_length(
             "serving": serving,
             "longest": longest,
             "fitting": fitting,
-            **dict(zip(names, declaring, strict=False)),
+            **dict(zip(names, declaring, strict=True)),
         }
         if limits["longest"] is not None:
             served.append((model, limits["longest"], limits["fitting"]))
