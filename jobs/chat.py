@@ -68,6 +68,7 @@ def _start(
         "shared_key": shared_key,
         "n": call.n,
         "needs": call.needs,
+        "stream": call.stream,
     }
     text_request = services.create_reply_request(prompt=call.prompt, messages=call.messages, **reply)
     return call, text_request, budget

@@ -127,7 +127,9 @@ class Follower:
             ):
                 raise errors.UpstreamStreamInvalid()
             return None
-        model = await asyncdb.run(
+        # The post that brought this output committed the stream and says so (`record_progress`);
+        # else (white space first, or its commitment failed) it is committed here.
+        model = event.fields.get("model") or await asyncdb.run(
             services.commit_stream, request_id=self.request_id, generation_id=UUID(event.generation)
         )
         if model is None:

@@ -69,7 +69,9 @@ SINCE_KEY = "hordeops:leases-since"
 #       request's followed key.
 # ARGV: now, seq, delta, step, popped_at, initial lease end, cap end, trust, generation id,
 #       key ttl, tokens, minute hash ttl, output limit (bytes), output relayed (bytes, the row's),
-#       tool-call pieces (JSON, "" for none: output as the delta is, relayed beside it).
+#       tool-call pieces (JSON, "" for none: output as the delta is, relayed beside it), the
+#       model of a stream this post committed ("" for none: relayed with the delta, so that the
+#       follower knows the stream committed).
 # Returns {outcome, lease_end, last_seq, output_len} (output_len only where the delta was
 # relayed); outcome is one of granted, at_cap, not_renewed, lapsed, retry, gap, dead, too_long
 # (the delta would take the output past its limit: it is neither relayed nor counted, and its
@@ -137,6 +139,10 @@ if calls ~= '' then
   fields[#fields + 1] = 'tool_calls'
   fields[#fields + 1] = calls
 end
+if ARGV[16] ~= '' then
+  fields[#fields + 1] = 'model'
+  fields[#fields + 1] = ARGV[16]
+end
 relay_append(relay, tonumber(ARGV[10]), fields)
 if now > lease_end then
   return {'{LAPSED}', state[3], seq, relayed}
@@ -199,9 +205,17 @@ class Renewal:
 
 
 def renew(
-    generation: Generation, *, seq: int, delta: str, tokens: int | None, now: datetime, calls: str = ""
+    generation: Generation,
+    *,
+    seq: int,
+    delta: str,
+    tokens: int | None,
+    now: datetime,
+    calls: str = "",
+    model: str = "",
 ) -> Renewal:
     """Decide one progress post on `generation` (its request loaded) and write what it moved.
+    `model`: the post committed the request's stream to the generation, served by it.
 
     The script checks the seq, relays the delta and moves the lease end in Redis; a granted
     renewal is then written to the row as its job_ttl, which is what the stale pass reads. A
@@ -233,6 +247,7 @@ def renew(
             generation.request.output_limit_bytes,
             generation.relayed_bytes,
             calls,
+            model,
         ],
     )
     renewal = Renewal(outcome=Outcome(outcome.decode()), lease_end=float(lease_end), last_seq=int(last_seq))

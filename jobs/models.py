@@ -115,6 +115,9 @@ class TextRequest(models.Model):
     # A text request whose requester follows its relay stream (a /v1 text completion): its
     # ending is relayed as a chat request's is, though any worker of its model may take it.
     followed = models.BooleanField(default=False, db_default=False)
+    # Its requester reads the reply as a stream (a /v1 request with `stream` true): the progress
+    # post that brings a generation's first output commits the stream to it (`commit_stream`).
+    stream = models.BooleanField(default=False, db_default=False)
     # The prompt's length in tokens, as the AI Horde counts it (four characters a token): the
     # context its generations' kudos are reckoned by (`kudos.earning`).
     prompt_tokens = models.PositiveIntegerField(default=0, db_default=0)

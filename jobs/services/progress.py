@@ -6,12 +6,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
+from django.db import DatabaseError
+
 from hordeops import clock, errors
 from jobs import leases
 from jobs.models import Ending, Generation
 from jobs.protocols import agents
 from jobs.services import posts
 from jobs.services.endings import cancel_request
+from jobs.services.requests import commit_stream
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +66,29 @@ def record_progress(
             calls = json.dumps(agents.call_pieces(tool_calls), separators=(",", ":"))
         except agents.BadReply as err:
             raise errors.BadRequest(str(err)) from None
-    renewal = leases.renew(generation, seq=seq, delta=delta, tokens=tokens, now=now, calls=calls)
+    model = _commit(generation, useful=bool(delta.strip() or calls))
+    renewal = leases.renew(generation, seq=seq, delta=delta, tokens=tokens, now=now, calls=calls, model=model)
     if renewal.outcome not in leases.ANSWERED:
         raise _refused(generation, renewal, seq=seq, now=now)
     return ProgressResult(lease=renewal.outcome, expires_at=renewal.expires_at, ttl=renewal.ttl(now))
+
+
+def _commit(generation: Generation, *, useful: bool) -> str:
+    """Commit a streaming requester's stream to `generation` at its first useful output, before
+    that output is relayed: the model it is served by, which the relayed delta carries so that
+    the requester's follower commits nothing itself (`jobs.follower`); "" when there is nothing
+    to commit here. Its database failing leaves the commitment to the follower, as before."""
+    if not (useful and generation.request.stream and not generation.streamed):
+        return ""
+    try:
+        model = commit_stream(request_id=generation.request_id, generation_id=generation.pk)
+    except DatabaseError:
+        logger.warning("a stream's commitment failed at its progress post; its follower commits it")
+        return ""
+    if model is None:  # ended meanwhile: the lease script refuses the post, or the follower skips it
+        return ""
+    generation.streamed = True
+    return model
 
 
 def _refused(

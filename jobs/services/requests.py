@@ -416,6 +416,7 @@ def create_reply_request(
     fallbacks: tuple[str, ...] = (),
     n: int = 1,
     needs: dict[str, str] | None = None,
+    stream: bool = False,
 ) -> TextRequest:
     """Admit and queue one /v1 reply from `model`: a text completion of `prompt` when there is
     one (a text job any of its workers may take, a legacy worker too, followed by its requester
@@ -426,7 +427,8 @@ def create_reply_request(
     allow_downgrade. `n` replies of one request are `n` jobs, held for and charged as the
     horde's route holds `params.n` (`spending.request_cost`). `needs` (a chat's capabilities,
     each with the field that needs it): offered only to workers that declare them, refused at
-    once where no online worker of its models does.
+    once where no online worker of its models does. `stream`: its requester reads the reply as a
+    stream (`TextRequest.stream`).
 
     `fallbacks` (OpenRouter's `models`) are models that may serve it too: the request names
     every one of `model` and its fallbacks that has an online worker able to give the reply,
@@ -457,6 +459,7 @@ def create_reply_request(
         deadline_at=deadline_at,
         prompt=prompt,
         max_length=max_length,
+        stream=stream,
         # The worker must hold the prompt and the whole reply in its context.
         max_context_length=max(20, prompt_tokens(prompt)) + max_length,
         requested_models=models,

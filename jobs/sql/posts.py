@@ -36,6 +36,7 @@ WORKER_POST_PARTS = (
             "max_context_length",
             "deadline_at",
             "followed",
+            "stream",  # its first output commits the stream at the post (`record_progress`)
             "account",
             "prompt_tokens",
             # Whether the submit judges the reply (`jobs.protocols.agents`): only then are the

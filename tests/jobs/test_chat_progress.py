@@ -243,6 +243,76 @@ def test_a_stream_committing_while_the_pass_aborts_either_commits_and_faults_or_
     print("commit vs pass:", dict(outcomes))
 
 
+def _events(generation: Generation) -> list[dict[str, str]]:
+    entries = get_redis_connection("default").xrange(leases.relay_key(generation.request_id))
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+
+
+def _streaming(job: dict) -> Generation:
+    """The job's generation, its requester made one that reads the reply as a stream."""
+    generation = Generation.objects.get(pk=job["id"])
+    TextRequest.objects.filter(pk=generation.request_id).update(stream=True)
+    return generation
+
+
+def test_a_streaming_requesters_first_useful_post_commits_its_stream_and_its_delta_says_so(chat_job, owner):
+    generation = _streaming(chat_job(owner))
+    assert progress(owner, generation.pk, 1, "  \n").status_code == 200  # white space alone: held
+    assert not Generation.objects.get(pk=generation.pk).streamed
+    assert progress(owner, generation.pk, 2, "Once").status_code == 200
+    assert progress(owner, generation.pk, 3, " upon").status_code == 200
+    request = TextRequest.objects.get(pk=generation.request_id)
+    assert Generation.objects.get(pk=generation.pk).streamed
+    assert request.stream_generation == generation.pk
+    # Only the delta of the post that committed carries the model: the follower commits nothing.
+    assert [(e["text"], e.get("model")) for e in _events(generation)] == [
+        ("  \n", None),
+        ("Once", "chat-model"),
+        (" upon", None),
+    ]
+
+
+def test_a_post_to_a_requester_that_does_not_stream_commits_nothing(chat_job, owner):
+    generation = Generation.objects.get(pk=chat_job(owner)["id"])
+    assert progress(owner, generation.pk, 1, "Once").status_code == 200
+    assert not Generation.objects.get(pk=generation.pk).streamed
+    assert TextRequest.objects.get(pk=generation.request_id).stream_generation is None
+    assert [e.get("model") for e in _events(generation)] == [None]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_committing_post_racing_the_stale_pass_either_commits_and_faults_or_restarts_unrelayed(
+    make_caller, chat_job
+):
+    owner = make_caller("owner", trusted=True)
+    outcomes = Counter()
+    for round_ in range(15):
+        generation = _streaming(chat_job(owner, f"w{round_}"))
+        Generation.objects.filter(pk=generation.pk).update(popped_at=F("popped_at") - timedelta(seconds=151))
+
+        def post(generation=generation):
+            return record_progress(
+                api_key=owner.api_key, generation_id=generation.pk, seq=1, delta="Once", tokens=1
+            )
+
+        posted, _ = race(post, abort_stale_generations, return_exceptions=True)
+        request = TextRequest.objects.get(pk=generation.request_id)
+        assert Generation.objects.get(pk=generation.pk).state == Generation.State.ABORTED
+        if request.stream_generation is not None:
+            # Committed first: its delta went out saying so, and the abort ends the request.
+            assert (request.state, request.queued) == ("faulted", 0)
+            assert [e.get("model") for e in _events(generation) if e["type"] == "delta"] == ["chat-model"]
+            outcomes["committed, then faulted"] += 1
+        else:
+            # Aborted first: nothing committed or relayed, and the job waits for another worker.
+            assert isinstance(posted, errors.AbortedGen), posted
+            assert (request.state, request.queued) == ("active", 1)
+            assert [e for e in _events(generation) if e["type"] == "delta"] == []
+            outcomes["restarted"] += 1
+    assert sum(outcomes.values()) == 15
+    print("committing post vs pass:", dict(outcomes))
+
+
 def test_a_lease_killed_before_any_post_refuses_the_first_post(chat_job, owner):
     job = chat_job(owner)
     leases.kill([job["id"]])  # as the stale pass does after aborting it

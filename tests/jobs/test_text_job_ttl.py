@@ -247,3 +247,16 @@ def test_progress_costs_a_pinned_number_of_queries(chat_job, trusted_owner, cloc
         assert progress(trusted_owner, job["id"], 1).json()["lease"] == "granted"
     with django_assert_num_queries(1):
         assert progress(trusted_owner, job["id"], 1).json()["lease"] == "not_renewed"
+
+
+def test_the_post_that_commits_a_stream_costs_one_query_more(
+    chat_job, trusted_owner, clock, django_assert_num_queries
+):
+    job = chat_job(trusted_owner)
+    TextRequest.objects.filter(generations__pk=job["id"]).update(stream=True)
+    clock.shift(10)
+    # the key's account with the generation, its worker and request; the commitment; the job_ttl
+    with django_assert_num_queries(3):
+        assert progress(trusted_owner, job["id"], 1, "Once").json()["lease"] == "granted"
+    with django_assert_num_queries(2):  # committed already
+        assert progress(trusted_owner, job["id"], 2, " upon").json()["lease"] == "granted"
