@@ -20,7 +20,14 @@ left is the horde's:
 - `tokens_per_second`: all streams' tokens over the time from the first token to the last, each
   way, and `ratio` (horde over direct); `engine_cpu_seconds` the engine's CPU time each way.
   `wall_tokens_per_second` counts from the requests' send, so it includes the wait for a pop.
-- `ttft_ms`: time to first token, p50 each way, and what the horde adds; `phases_p50` where the
+- `ttft_ms`: time to first token, p50 and p99 each way, and what the horde adds (`added_p99`:
+  p99 over p99, which at N streams moves with the engine's rate through the streams before the
+  last; `added_p99_at_equal_engine_cpu` the same over the direct p99 scaled by the engine's CPU
+  time through the horde over its CPU time directly, so that a host making the engine slower or
+  faster in one of the runs does not count, and the horde taking the engine's core does);
+  `outside_engine` each stream's time outside the engine (its call reaching the proxy, its first
+  token reaching the requester), whatever the engine's queue and rate: p99 each way, and what
+  the horde adds to it; `phases_p50` where the
   horde's first token waited: `to_bridge` from the send to the bridge's first call to the engine
   (the chat queued, the waiting pop answered), `fit` the bridge counting the prompt's tokens,
   `engine` from the bridge's chat call to its first token, `relay` from there to the requester
@@ -250,6 +257,16 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
     # At N streams the engine's own queue sets the last first tokens: the horde's p99 over the
     # engine's is what the horde adds beyond it.
     added_p99 = percentile(firsts["horde"], 0.99) - percentile(firsts["direct"], 0.99)
+    # The engine's CPU per token moves from run to run with the host (see `engine_cpu_seconds`),
+    # and the last streams' wait with it: the direct p99 scaled by the engine's CPU each way.
+    scale = (cpu[2] - cpu[1]) / (cpu[1] - cpu[0])
+    added_p99_scaled = percentile(firsts["horde"], 0.99) - percentile(firsts["direct"], 0.99) * scale
+    # Each stream's time outside the engine (its call reaching the proxy, its first token
+    # reaching the requester): what the horde adds beyond the engine's queue, whatever its rate.
+    outside = {
+        way: [_outside_engine(proxy, f"Story {tag}{n} {i}.", s) for i, s in enumerate(streams)]
+        for way, tag, streams in (("direct", "d", direct), ("horde", "h", horde))
+    }
     last_token, first_token = [], []
     for index, stream in enumerate(horde):
         passed = proxy.passed[f"Story h{n} {index}."]
@@ -271,7 +288,15 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
         "engine_cpu_seconds": {"direct": round(cpu[1] - cpu[0], 2), "horde": round(cpu[2] - cpu[1], 2)},
         "ttft_ms": {"direct_p50": ms(ttft_direct), "horde_p50": ms(ttft_horde),
                     "added_p50": ms(ttft_horde - ttft_direct), "added_p99": ms(added_p99),
-                    "phases_p50": _phases_p50(proxy, [(f"Story h{n} {i}.", s) for i, s in enumerate(horde)])},
+                    "direct_p99": ms(percentile(firsts["direct"], 0.99)),
+                    "horde_p99": ms(percentile(firsts["horde"], 0.99)),
+                    "added_p99_at_equal_engine_cpu": ms(added_p99_scaled),
+                    "phases_p50": _phases_p50(proxy, [(f"Story h{n} {i}.", s) for i, s in enumerate(horde)]),
+                    "outside_engine": {"direct_p99": ms(percentile(outside["direct"], 0.99)),
+                                       "horde_p50": ms(percentile(outside["horde"], 0.5)),
+                                       "horde_p99": ms(percentile(outside["horde"], 0.99)),
+                                       "added_p99": ms(percentile(outside["horde"], 0.99)
+                                                       - percentile(outside["direct"], 0.99))}},
         "delta_latency_ms": {"p50": ms(percentile(last_token, 0.5)), "p99": ms(percentile(last_token, 0.99)),
                              "from_first_token_p50": ms(percentile(first_token, 0.5)),
                              "from_first_token_p99": ms(percentile(first_token, 0.99)),
@@ -305,6 +330,13 @@ def _phases_p50(proxy: TimingProxy, streams: list[tuple[str, dict]]) -> dict[str
     """The p50 of each phase (`_phases`) over horde streams, each with its last message."""
     each = [_phases(proxy, content, stream) for content, stream in streams]
     return {name: ms(percentile([phases[name] for phases in each], 0.5)) for name in each[0]}
+
+
+def _outside_engine(proxy: TimingProxy, content: str, stream: dict) -> float:
+    """One stream's time outside the engine, either way: from its send to its chat call
+    reaching the proxy, and from its first token passing the proxy to the requester."""
+    asked = proxy.arrived[("/v1/chat/completions", content)][0]
+    return (asked - stream["sent"]) + (stream["pieces"][0][0] - proxy.passed[content][0][0])
 
 
 def _phases(proxy: TimingProxy, content: str, stream: dict) -> dict[str, float]:

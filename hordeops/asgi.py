@@ -5,7 +5,6 @@ import os
 import socket
 import struct
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 
 import django
 from asgiref.sync import iscoroutinefunction, sync_to_async
@@ -20,7 +19,7 @@ from django.http import Http404, HttpResponseBase
 from django.urls import Resolver404, get_resolver, set_script_prefix
 from django.utils.deprecation import MiddlewareMixin
 
-from hordeops import clock, errors, streams
+from hordeops import asyncdb, clock, errors, streams
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hordeops.settings")
 django.setup(set_prefix=False)
@@ -78,9 +77,7 @@ class HordeASGIHandler(ASGIHandler):
         self._api_handler = _sync_handler(
             [name for name in settings.MIDDLEWARE if name not in settings.PAGE_ONLY_MIDDLEWARE]
         )
-        self._sync_threads = ThreadPoolExecutor(
-            max_workers=settings.WEB_SYNC_THREADS, thread_name_prefix="hordeops-sync"
-        )
+        self._sync_threads = asyncdb.view_threads()
         self._api_async_handler = _loop_handler(
             [name for name in settings.MIDDLEWARE if name not in settings.PAGE_ONLY_MIDDLEWARE]
         )

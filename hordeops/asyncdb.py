@@ -32,6 +32,7 @@ from django.db import connection
 T = TypeVar("T")
 
 _pool: ThreadPoolExecutor | None = None
+_view_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
@@ -43,6 +44,17 @@ def _threads() -> ThreadPoolExecutor:
                 max_workers=settings.WEB_ASYNC_DB_THREADS, thread_name_prefix="hordeops-asyncdb"
             )
         return _pool
+
+
+def view_threads() -> ThreadPoolExecutor:
+    """The WEB_SYNC_THREADS threads that serve the process's sync views (`hordeops.asgi`)."""
+    global _view_pool
+    with _pool_lock:
+        if _view_pool is None:
+            _view_pool = ThreadPoolExecutor(
+                max_workers=settings.WEB_SYNC_THREADS, thread_name_prefix="hordeops-sync"
+            )
+        return _view_pool
 
 
 def _closing(call: Callable[[], T]) -> T:
@@ -60,11 +72,20 @@ async def run(
     fn: Callable[..., T], /, *args: Any, undo: Callable[[T], Any] | None = None, **kwargs: Any
 ) -> T:
     """`fn(*args, **kwargs)` on a database thread; see the module's docstring."""
-    call = functools.partial(fn, *args, **kwargs)
+    return await _run(_threads(), functools.partial(fn, *args, **kwargs), undo)
+
+
+async def run_on_view_threads(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`run`, on the sync views' threads: the step of a sync view that ends on the event loop
+    (a waiting pop's pop) runs where its view ran, not behind the async views' steps."""
+    return await _run(view_threads(), functools.partial(fn, *args, **kwargs), None)
+
+
+async def _run(threads: ThreadPoolExecutor, call: Callable[[], T], undo: Callable[[T], Any] | None) -> T:
     if _under_sync_caller():
         return await sync_to_async(call, thread_sensitive=True)()
     context = contextvars.copy_context()
-    future = _threads().submit(context.run, _closing, call)
+    future = threads.submit(context.run, _closing, call)
     try:
         return await asyncio.shield(asyncio.wrap_future(future))
     except asyncio.CancelledError:
@@ -75,5 +96,5 @@ async def run(
         except Exception:
             raise asyncio.CancelledError from None  # it failed: nothing to undo
         if undo is not None:
-            await asyncio.wrap_future(_threads().submit(_closing, functools.partial(undo, result)))
+            await asyncio.wrap_future(threads.submit(_closing, functools.partial(undo, result)))
         raise

@@ -12,7 +12,9 @@ the message in Redis (`_Hub.ticket`), so that across the processes no more of th
 the request has jobs. A woken
 pop pops again through `pop_generation`, so that the fair order and the speed gate decide as
 for any pop; finding nothing (another worker was first), it waits on. A waiting pop holds no
-thread and no database connection: its pops run through `hordeops.asyncdb`.
+thread and no database connection: its pops run on the threads that serve the worker routes
+(`hordeops.asyncdb.run_on_view_threads`), not behind the chat routes' steps, so that a burst
+of chats being queued does not hold back the pops that take them.
 
 At the end of its wait a pop answers its first, empty answer (its `skipped` and `messages` as
 they were when it arrived): the worker pops again at once, and that pop finds any job that
@@ -283,21 +285,21 @@ class _Hub:
         bound = offer.jobs + WAKE_MARGIN
         # A worker's idle slots are alike: more of them than it could take jobs would pop for
         # nothing, beside the one that takes the job. A slot in the middle of a pop is woken to
-        # pop again (its pop may not see this job) but is not one of them: it may be taking
-        # another job.
+        # pop again (its pop may not see this job) but is not one of them, nor counted in the
+        # bound: it may be taking another job, and in a burst every slot may be popping.
         per_worker: dict[str, int] = {}
         for waiter in self._waiters.values():
-            if bound == 0:
-                break
             idle = not waiter.popping
-            if idle and waiter.worker_id and per_worker.get(waiter.worker_id, 0) >= offer.jobs:
+            if idle and (
+                bound == 0 or (waiter.worker_id and per_worker.get(waiter.worker_id, 0) >= offer.jobs)
+            ):
                 continue
             if not waiter.woken.is_set() and waiter.can_take(offer):
                 waiter.woken_by = offer
                 waiter.woken.set()
                 self.woken += 1
-                bound -= 1
                 if idle:
+                    bound -= 1
                     per_worker[waiter.worker_id] = per_worker.get(waiter.worker_id, 0) + 1
 
     async def ticket(self, waiter: Waiter, offer: Offer) -> bool:
@@ -376,7 +378,7 @@ async def wait_for_job(
     pop: Callable[[], tuple[bool, T]],
     client_gone: asyncio.Future,
 ) -> T | None | object:
-    """Wait until `waiter` is woken, then `pop()` (on a database thread): its answer once it
+    """Wait until `waiter` is woken, then `pop()` (on a sync view thread): its answer once it
     holds a job, else wait on, until `ends` (time.monotonic()). None: answer the first pop
     (the wait ended, its hub failed, or it could not start). GONE: the client left
     (`client_gone` done) and nothing was popped for it. `since`: when the first pop began."""
@@ -409,7 +411,7 @@ async def wait_for_job(
             try:
                 if offer is not None and not last and not await waits.ticket(waiter, offer):
                     continue  # another process's slot of this worker pops for it
-                taken, answer = await asyncdb.run(pop)
+                taken, answer = await asyncdb.run_on_view_threads(pop)
             finally:
                 waiter.popping = False
             if taken or last:

@@ -3,6 +3,7 @@ this process, with its real pub/sub hub on the test Redis and real PostgreSQL.""
 
 import asyncio
 import json
+import threading
 import time
 from datetime import timedelta
 
@@ -11,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from hordeops import asgi
+from hordeops import asgi, asyncdb
 from jobs import services, waits
 from jobs.models import Generation, TextRequest
 from tests.live import Background
@@ -135,6 +136,30 @@ def test_a_waiting_pop_answers_within_tens_of_milliseconds_of_a_job_it_can_take(
     assert after < 0.1, after
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_woken_pop_is_not_held_back_by_chat_steps_filling_their_database_threads(requester, owner):
+    # A burst of chats being queued holds every one of the chat routes' database threads (each
+    # waits for its account's lock): the pop that would take the first of them runs elsewhere.
+    release = threading.Event()
+
+    async def scenario():
+        waiting = asyncio.create_task(timed_pop(pop_body("waiter", wait=5), owner.api_key))
+        await asyncio.sleep(0.5)
+        held = [asyncdb._threads().submit(release.wait, 10) for _ in range(settings.WEB_ASYNC_DB_THREADS)]
+        try:
+            await asyncio.to_thread(queue_text, requester.account)
+            queued = time.monotonic()
+            status, answer, answered = await waiting
+        finally:
+            release.set()
+        await asyncio.gather(*(asyncio.wrap_future(hold) for hold in held))
+        return status, answer, answered - queued
+
+    status, answer, after = run(scenario)
+    assert status == 200 and answer["id"] is not None
+    assert after < 0.1, after
+
+
 def give_back(caller, generation_id: str) -> None:
     try:
         assert caller.submit(generation_id, state="faulted").status_code == 200
@@ -232,6 +257,25 @@ def test_a_slot_in_the_middle_of_a_pop_does_not_stand_for_its_workers_idle_slots
         return popping.woken.is_set(), idle.woken.is_set(), other.woken.is_set()
 
     assert asyncio.run(scenario()) == (True, True, False)
+
+
+def test_slots_in_the_middle_of_a_pop_do_not_use_up_the_wakes_of_a_job():
+    # A burst: every slot woken for an earlier job is still popping when this job's message
+    # comes. Waking them (their pops may not see it) must leave a wake for an idle slot, else
+    # the job waits for a slot's next pop.
+    async def scenario():
+        hub = waits._Hub(asyncio.get_running_loop())
+        slot = dict(models=frozenset({"m1"}), chat=False, max_length=80, max_context_length=1024)
+        popping = [waits.Waiter(**slot, worker_id=f"w{i}") for i in range(1 + waits.WAKE_MARGIN)]
+        for waiter in popping:
+            waiter.popping = True
+        idle = waits.Waiter(**slot, worker_id="w-idle")
+        hub._waiters = {waiter.order: waiter for waiter in (*popping, idle)}
+        hub._wake(waits.Offer(models=("m1",), chat=False, max_length=80, max_context_length=1024, jobs=1))
+        await hub._client.aclose()
+        return [waiter.woken.is_set() for waiter in popping], idle.woken.is_set()
+
+    assert asyncio.run(scenario()) == ([True] * (1 + waits.WAKE_MARGIN), True)
 
 
 @pytest.mark.django_db(transaction=True)
