@@ -12,6 +12,10 @@ A step is all or nothing for its caller: cancelled (a client gone, a deadline sp
 thread took it, it never runs; cancelled while it runs, it is waited for (steps take
 milliseconds) and `undo` is given its result, so that what it made is not left behind.
 
+A sync view that ends on the event loop (a waiting pop) runs its later steps on the threads
+that serve sync views (`run_on_view_threads`, `view_threads`): where its view ran, and not
+behind the async views' steps.
+
 When an async view is driven from sync code (Django's test client, `async_to_sync`), the
 step runs on that caller's thread instead, inside its transaction, as Django's own
 `sync_to_async` does.
@@ -31,30 +35,24 @@ from django.db import connection
 
 T = TypeVar("T")
 
-_pool: ThreadPoolExecutor | None = None
-_view_pool: ThreadPoolExecutor | None = None
+_pools: dict[str, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 
 
-def _threads() -> ThreadPoolExecutor:
-    global _pool
+def _pool(name: str, size: int) -> ThreadPoolExecutor:
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(
-                max_workers=settings.WEB_ASYNC_DB_THREADS, thread_name_prefix="hordeops-asyncdb"
-            )
-        return _pool
+        if name not in _pools:
+            _pools[name] = ThreadPoolExecutor(max_workers=size, thread_name_prefix=name)
+        return _pools[name]
+
+
+def _threads() -> ThreadPoolExecutor:
+    return _pool("hordeops-asyncdb", settings.WEB_ASYNC_DB_THREADS)
 
 
 def view_threads() -> ThreadPoolExecutor:
     """The WEB_SYNC_THREADS threads that serve the process's sync views (`hordeops.asgi`)."""
-    global _view_pool
-    with _pool_lock:
-        if _view_pool is None:
-            _view_pool = ThreadPoolExecutor(
-                max_workers=settings.WEB_SYNC_THREADS, thread_name_prefix="hordeops-sync"
-            )
-        return _view_pool
+    return _pool("hordeops-sync", settings.WEB_SYNC_THREADS)
 
 
 def _closing(call: Callable[[], T]) -> T:
