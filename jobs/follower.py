@@ -85,7 +85,7 @@ class Follower:
                 if index is None:
                     if len(self.choices) >= self.n:
                         continue  # no choice left for it (not expected: at most n run)
-                    if not self.choices and self.stream and not event.text.strip() and not calls:
+                    if not self.choices and self.stream and not relay.useful(event.text, calls):
                         raise errors.UpstreamStreamInvalid("The job ended before any output.")
                     # Done whole: nothing can take it back, so it needs no commitment.
                     self._held.pop(event.generation, None)
@@ -120,7 +120,7 @@ class Follower:
         held = self._held.setdefault(event.generation, [])
         held.append(event.text)
         calls = _calls(event)  # a piece of a tool call is output too
-        if not self.choices and not event.text.strip() and not calls:
+        if not self.choices and not relay.useful(event.text, calls):
             if (
                 len(held) >= self.PREFLIGHT_EVENTS
                 or sum(len(t.encode()) for t in held) >= self.PREFLIGHT_BYTES

@@ -91,6 +91,12 @@ def followers_gone(request_ids: list[UUID]) -> set[UUID]:
     }
 
 
+def useful(text: str, calls) -> bool:
+    """Output that may commit a stream: text that is not only white space, or a piece of a tool
+    call. White space alone is held in preflight (`jobs.follower`)."""
+    return bool(text.strip() or calls)
+
+
 @dataclass(frozen=True)
 class Event:
     id: str

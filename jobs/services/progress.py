@@ -9,7 +9,7 @@ from uuid import UUID
 from django.db import DatabaseError
 
 from hordeops import clock, errors
-from jobs import leases
+from jobs import leases, relay
 from jobs.models import Ending, Generation
 from jobs.protocols import agents
 from jobs.services import posts
@@ -66,7 +66,7 @@ def record_progress(
             calls = json.dumps(agents.call_pieces(tool_calls), separators=(",", ":"))
         except agents.BadReply as err:
             raise errors.BadRequest(str(err)) from None
-    model = _commit(generation, useful=bool(delta.strip() or calls))
+    model = _commit(generation, useful=relay.useful(delta, calls))
     renewal = leases.renew(generation, seq=seq, delta=delta, tokens=tokens, now=now, calls=calls, model=model)
     if renewal.outcome not in leases.ANSWERED:
         raise _refused(generation, renewal, seq=seq, now=now)
