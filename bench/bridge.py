@@ -254,19 +254,21 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
         "horde": [s["pieces"][0][0] - s["sent"] for s in horde],
     }
     ttft_direct, ttft_horde = percentile(firsts["direct"], 0.5), percentile(firsts["horde"], 0.5)
+    last_direct, last_horde = percentile(firsts["direct"], 0.99), percentile(firsts["horde"], 0.99)
     # At N streams the engine's own queue sets the last first tokens: the horde's p99 over the
     # engine's is what the horde adds beyond it.
-    added_p99 = percentile(firsts["horde"], 0.99) - percentile(firsts["direct"], 0.99)
+    added_p99 = last_horde - last_direct
     # The engine's CPU per token moves from run to run with the host (see `engine_cpu_seconds`),
     # and the last streams' wait with it: the direct p99 scaled by the engine's CPU each way.
     scale = (cpu[2] - cpu[1]) / (cpu[1] - cpu[0])
-    added_p99_scaled = percentile(firsts["horde"], 0.99) - percentile(firsts["direct"], 0.99) * scale
+    added_p99_scaled = last_horde - last_direct * scale
     # Each stream's time outside the engine (its call reaching the proxy, its first token
     # reaching the requester): what the horde adds beyond the engine's queue, whatever its rate.
     outside = {
         way: [_outside_engine(proxy, f"Story {tag}{n} {i}.", s) for i, s in enumerate(streams)]
         for way, tag, streams in (("direct", "d", direct), ("horde", "h", horde))
     }
+    outside_direct, outside_horde = percentile(outside["direct"], 0.99), percentile(outside["horde"], 0.99)
     last_token, first_token = [], []
     for index, stream in enumerate(horde):
         passed = proxy.passed[f"Story h{n} {index}."]
@@ -288,15 +290,13 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
         "engine_cpu_seconds": {"direct": round(cpu[1] - cpu[0], 2), "horde": round(cpu[2] - cpu[1], 2)},
         "ttft_ms": {"direct_p50": ms(ttft_direct), "horde_p50": ms(ttft_horde),
                     "added_p50": ms(ttft_horde - ttft_direct), "added_p99": ms(added_p99),
-                    "direct_p99": ms(percentile(firsts["direct"], 0.99)),
-                    "horde_p99": ms(percentile(firsts["horde"], 0.99)),
+                    "direct_p99": ms(last_direct), "horde_p99": ms(last_horde),
                     "added_p99_at_equal_engine_cpu": ms(added_p99_scaled),
                     "phases_p50": _phases_p50(proxy, [(f"Story h{n} {i}.", s) for i, s in enumerate(horde)]),
-                    "outside_engine": {"direct_p99": ms(percentile(outside["direct"], 0.99)),
+                    "outside_engine": {"direct_p99": ms(outside_direct),
                                        "horde_p50": ms(percentile(outside["horde"], 0.5)),
-                                       "horde_p99": ms(percentile(outside["horde"], 0.99)),
-                                       "added_p99": ms(percentile(outside["horde"], 0.99)
-                                                       - percentile(outside["direct"], 0.99))}},
+                                       "horde_p99": ms(outside_horde),
+                                       "added_p99": ms(outside_horde - outside_direct)}},
         "delta_latency_ms": {"p50": ms(percentile(last_token, 0.5)), "p99": ms(percentile(last_token, 0.99)),
                              "from_first_token_p50": ms(percentile(first_token, 0.5)),
                              "from_first_token_p99": ms(percentile(first_token, 0.99)),

@@ -18,9 +18,13 @@ from tests.conftest import progress, race
 T0 = "2026-06-01 08:00:00+00:00"
 
 
-def _deltas(generation: Generation) -> list[str]:
+def _events(generation: Generation) -> list[dict[str, str]]:
     entries = get_redis_connection("default").xrange(leases.relay_key(generation.request_id))
-    return [fields[b"text"].decode() for _, fields in entries if fields[b"type"] == b"delta"]
+    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
+
+
+def _deltas(generation: Generation) -> list[str]:
+    return [event["text"] for event in _events(generation) if event["type"] == "delta"]
 
 
 def test_the_first_post_creates_the_stream_lease_with_its_fields(chat_job, owner, time_machine):
@@ -243,11 +247,6 @@ def test_a_stream_committing_while_the_pass_aborts_either_commits_and_faults_or_
     print("commit vs pass:", dict(outcomes))
 
 
-def _events(generation: Generation) -> list[dict[str, str]]:
-    entries = get_redis_connection("default").xrange(leases.relay_key(generation.request_id))
-    return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
-
-
 def _streaming(job: dict) -> Generation:
     """The job's generation, its requester made one that reads the reply as a stream."""
     generation = Generation.objects.get(pk=job["id"])
@@ -307,7 +306,7 @@ def test_a_committing_post_racing_the_stale_pass_either_commits_and_faults_or_re
             # Aborted first: nothing committed or relayed, and the job waits for another worker.
             assert isinstance(posted, errors.AbortedGen), posted
             assert (request.state, request.queued) == ("active", 1)
-            assert [e for e in _events(generation) if e["type"] == "delta"] == []
+            assert _deltas(generation) == []
             outcomes["restarted"] += 1
     assert sum(outcomes.values()) == 15
     print("committing post vs pass:", dict(outcomes))
