@@ -27,7 +27,12 @@ left is the horde's:
   faster in one of the runs does not count, and the horde taking the engine's core does);
   `outside_engine` each stream's time outside the engine (its call reaching the proxy, its first
   token reaching the requester), whatever the engine's queue and rate: p99 each way, and what
-  the horde adds to it; `phases_p50` where the
+  the horde adds to it; `beyond_engine_queue` the part of each stream's wait that the engine's
+  queue does not explain (the engine serves one stream at a time: a call that reaches it while
+  it serves another waits for that one's end, however early it came): the engine's idle time
+  waiting for calls up to that stream, and its first token's way to the requester, p99 each
+  way and what the horde adds (the 16-stream goal), and `engine_queue` the engine's own queue
+  each way (from the first stream's first token to the last one's); `phases_p50` where the
   horde's first token waited: `to_bridge` from the send to the bridge's first call to the engine
   (the chat queued, the waiting pop answered), `fit` the bridge counting the prompt's tokens,
   `engine` from the bridge's chat call to its first token, `relay` from there to the requester
@@ -269,6 +274,16 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
         for way, tag, streams in (("direct", "d", direct), ("horde", "h", horde))
     }
     outside_direct, outside_horde = percentile(outside["direct"], 0.99), percentile(outside["horde"], 0.99)
+    beyond = {
+        way: _beyond_engine_queue(proxy, [(f"Story {tag}{n} {i}.", s) for i, s in enumerate(streams)])
+        for way, tag, streams in (("direct", "d", direct), ("horde", "h", horde))
+    }
+    beyond_direct, beyond_horde = percentile(beyond["direct"], 0.99), percentile(beyond["horde"], 0.99)
+    # The engine's own queue each way: from the first stream's first token to the last one's.
+    served = {
+        way: [proxy.passed[f"Story {tag}{n} {i}."][0][0] for i in range(n)]
+        for way, tag in (("direct", "d"), ("horde", "h"))
+    }
     last_token, first_token = [], []
     for index, stream in enumerate(horde):
         passed = proxy.passed[f"Story h{n} {index}."]
@@ -296,7 +311,13 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
                     "outside_engine": {"direct_p99": ms(outside_direct),
                                        "horde_p50": ms(percentile(outside["horde"], 0.5)),
                                        "horde_p99": ms(outside_horde),
-                                       "added_p99": ms(outside_horde - outside_direct)}},
+                                       "added_p99": ms(outside_horde - outside_direct)},
+                    "beyond_engine_queue": {"direct_p99": ms(beyond_direct),
+                                            "horde_p50": ms(percentile(beyond["horde"], 0.5)),
+                                            "horde_p99": ms(beyond_horde),
+                                            "added_p99": ms(beyond_horde - beyond_direct),
+                                            "engine_queue": {way: ms(max(firsts) - min(firsts))
+                                                             for way, firsts in served.items()}}},
         "delta_latency_ms": {"p50": ms(percentile(last_token, 0.5)), "p99": ms(percentile(last_token, 0.99)),
                              "from_first_token_p50": ms(percentile(first_token, 0.5)),
                              "from_first_token_p99": ms(percentile(first_token, 0.99)),
@@ -337,6 +358,23 @@ def _outside_engine(proxy: TimingProxy, content: str, stream: dict) -> float:
     reaching the proxy, and from its first token passing the proxy to the requester."""
     asked = proxy.arrived[("/v1/chat/completions", content)][0]
     return (asked - stream["sent"]) + (stream["pieces"][0][0] - proxy.passed[content][0][0])
+
+
+def _beyond_engine_queue(proxy: TimingProxy, streams: list[tuple[str, dict]]) -> list[float]:
+    """Each stream's wait for its first token that the engine's queue does not explain, either
+    way. The engine serves one stream at a time: a call that reaches it while it serves another
+    waits for that one's end, however early it came. What is left is the time the engine stood
+    idle for a call that had not reached it yet, up to this stream (each such wait puts off
+    every stream after it), and its first token's way from the proxy to the requester."""
+    served = sorted(streams, key=lambda item: proxy.passed[item[0]][0][0])
+    free_at, idle = 0.0, 0.0
+    each = []
+    for content, stream in served:
+        asked = proxy.arrived[("/v1/chat/completions", content)][0]
+        idle += max(0.0, asked - max(stream["sent"], free_at))
+        each.append(idle + stream["pieces"][0][0] - proxy.passed[content][0][0])
+        free_at = proxy.passed[content][-1][0]
+    return each
 
 
 def _phases(proxy: TimingProxy, content: str, stream: dict) -> dict[str, float]:
