@@ -267,23 +267,19 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
     # and the last streams' wait with it: the direct p99 scaled by the engine's CPU each way.
     scale = (cpu[2] - cpu[1]) / (cpu[1] - cpu[0])
     added_p99_scaled = last_horde - last_direct * scale
+    # Each way's streams, by the last message the proxy keys them by.
+    named = {
+        way: [(f"Story {tag}{n} {i}.", s) for i, s in enumerate(streams)]
+        for way, tag, streams in (("direct", "d", direct), ("horde", "h", horde))
+    }
     # Each stream's time outside the engine (its call reaching the proxy, its first token
-    # reaching the requester): what the horde adds beyond the engine's queue, whatever its rate.
-    outside = {
-        way: [_outside_engine(proxy, f"Story {tag}{n} {i}.", s) for i, s in enumerate(streams)]
-        for way, tag, streams in (("direct", "d", direct), ("horde", "h", horde))
-    }
+    # reaching the requester), whatever the engine's queue and rate.
+    outside = {way: [_outside_engine(proxy, c, s) for c, s in each] for way, each in named.items()}
     outside_direct, outside_horde = percentile(outside["direct"], 0.99), percentile(outside["horde"], 0.99)
-    beyond = {
-        way: _beyond_engine_queue(proxy, [(f"Story {tag}{n} {i}.", s) for i, s in enumerate(streams)])
-        for way, tag, streams in (("direct", "d", direct), ("horde", "h", horde))
-    }
+    beyond = {way: _beyond_engine_queue(proxy, each) for way, each in named.items()}
     beyond_direct, beyond_horde = percentile(beyond["direct"], 0.99), percentile(beyond["horde"], 0.99)
     # The engine's own queue each way: from the first stream's first token to the last one's.
-    served = {
-        way: [proxy.passed[f"Story {tag}{n} {i}."][0][0] for i in range(n)]
-        for way, tag in (("direct", "d"), ("horde", "h"))
-    }
+    served = {way: [proxy.passed[content][0][0] for content, _ in each] for way, each in named.items()}
     last_token, first_token = [], []
     for index, stream in enumerate(horde):
         passed = proxy.passed[f"Story h{n} {index}."]
