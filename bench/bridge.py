@@ -281,8 +281,8 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
     # The engine's own queue each way: from the first stream's first token to the last one's.
     served = {way: [proxy.passed[content][0][0] for content, _ in each] for way, each in named.items()}
     last_token, first_token = [], []
-    for index, stream in enumerate(horde):
-        passed = proxy.passed[f"Story h{n} {index}."]
+    for content, stream in named["horde"]:
+        passed = proxy.passed[content]
         before = 0
         for arrived, characters in stream["pieces"]:
             # The tokens that make up this piece: the first and the last that passed the proxy.
@@ -303,7 +303,7 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
                     "added_p50": ms(ttft_horde - ttft_direct), "added_p99": ms(added_p99),
                     "direct_p99": ms(last_direct), "horde_p99": ms(last_horde),
                     "added_p99_at_equal_engine_cpu": ms(added_p99_scaled),
-                    "phases_p50": _phases_p50(proxy, [(f"Story h{n} {i}.", s) for i, s in enumerate(horde)]),
+                    "phases_p50": _phases_p50(proxy, named["horde"]),
                     "outside_engine": {"direct_p99": ms(outside_direct),
                                        "horde_p50": ms(percentile(outside["horde"], 0.5)),
                                        "horde_p99": ms(outside_horde),
@@ -312,8 +312,8 @@ def measure(n: int, tokens: int, engine: Engine, stack_url: str, key: str, proxy
                                             "horde_p50": ms(percentile(beyond["horde"], 0.5)),
                                             "horde_p99": ms(beyond_horde),
                                             "added_p99": ms(beyond_horde - beyond_direct),
-                                            "engine_queue": {way: ms(max(firsts) - min(firsts))
-                                                             for way, firsts in served.items()}}},
+                                            "engine_queue": {way: ms(max(times) - min(times))
+                                                             for way, times in served.items()}}},
         "delta_latency_ms": {"p50": ms(percentile(last_token, 0.5)), "p99": ms(percentile(last_token, 0.99)),
                              "from_first_token_p50": ms(percentile(first_token, 0.5)),
                              "from_first_token_p99": ms(percentile(first_token, 0.99)),
